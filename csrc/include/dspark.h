@@ -1,0 +1,285 @@
+/*
+ * dspark.h — the public C API of dspark-ggml.
+ *
+ * Speculative decoding on ggml: a target LLM (GGUF archs qwen3, llama, qwen2) verifies blocks of
+ * tokens proposed by a DFlash / DSpark draft (GGUF arch "dflash").
+ *
+ * Usage, target only:
+ *
+ *     struct dspark_model * model = dspark_model_load_from_file("qwen3.gguf", NULL);
+ *     if (!model) { fprintf(stderr, "%s\n", dspark_last_error()); return 1; }
+ *     struct dspark_context_params cp = dspark_context_default_params();
+ *     cp.n_ctx = 4096;
+ *     struct dspark_context * ctx = dspark_context_init(model, &cp);
+ *     // fill a dspark_batch, dspark_decode(ctx, &batch), read dspark_get_logits(ctx) ...
+ *     dspark_context_free(ctx);
+ *     dspark_model_free(model);
+ *
+ * Conventions
+ *   - Functions returning int32_t return DSPARK_STATUS_OK (0) or a negative enum dspark_status,
+ *     unless documented otherwise. Constructors return NULL on failure. After any failure,
+ *     dspark_last_error() holds a message for this thread naming the problem.
+ *   - A failed call leaves its objects as they were (a refused decode changes no KV cell).
+ *   - Params are passed by pointer; NULL means the defaults from *_default_params().
+ *   - Ownership: the caller owns what *_load / *_init / *_open return and frees it with the
+ *     matching *_free / *_close (NULL is accepted and ignored). A context borrows its model, which
+ *     must outlive it. Returned pointers (strings, logits) are owned by the object and stay valid
+ *     until the next call that modifies it.
+ *   - Thread safety: a model is immutable after loading and may be shared by contexts on several
+ *     threads; a context (or gguf handle) must not be used by two threads at once.
+ *   - No C++ exception, abort or exit crosses this boundary on bad input.
+ *
+ * The declarations between the cdef markers are also read by the Python binding (cffi), so they
+ * stay within plain C: no macros other than integer #defines, no includes.
+ */
+#ifndef DSPARK_H
+#define DSPARK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#    ifdef DSPARK_BUILD
+#        define DSPARK_API __declspec(dllexport)
+#    else
+#        define DSPARK_API __declspec(dllimport)
+#    endif
+#else
+#    define DSPARK_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* @cdef-begin */
+
+#define DSPARK_API_VERSION 1
+#define DSPARK_TOKEN_NULL -1
+#define DSPARK_DEFAULT_SEED 4294967295
+
+typedef int32_t dspark_token;
+typedef int32_t dspark_pos;
+typedef int32_t dspark_seq_id;
+
+enum dspark_status {
+    DSPARK_STATUS_OK               =    0,
+    DSPARK_STATUS_INVALID_ARGUMENT =   -1, /* a bad value from the caller: nothing changed     */
+    DSPARK_STATUS_IO               =   -2, /* a file could not be opened or read              */
+    DSPARK_STATUS_BAD_FORMAT       =   -3, /* a file is not a valid GGUF of a known model     */
+    DSPARK_STATUS_UNSUPPORTED      =   -4, /* valid input this build cannot handle            */
+    DSPARK_STATUS_OUT_OF_MEMORY    =   -5,
+    DSPARK_STATUS_CONTEXT_FULL     =   -6, /* no free KV cells for the batch: nothing changed */
+    DSPARK_STATUS_ABORTED          =   -7, /* the abort callback asked to stop                */
+    DSPARK_STATUS_INTERNAL         = -100,
+};
+
+/* ---- library ------------------------------------------------------------------------------ */
+
+DSPARK_API const char * dspark_version(void);
+DSPARK_API const char * dspark_status_str(int32_t status);
+
+/* Message of the last failed call on this thread ("" if none), and its status (0 if none): the
+ * way to learn why a constructor returned NULL. */
+DSPARK_API const char * dspark_last_error(void);
+DSPARK_API int32_t      dspark_last_status(void);
+
+/* Load dynamically built ggml backends (GGML_BACKEND_DL builds) from a directory. Idempotent;
+ * backends linked into the library are always available. NULL = the library's own directory. */
+DSPARK_API int32_t dspark_backend_load_all(const char * dir);
+
+/* ggml build facts: ggml version, backends, CPU features. */
+DSPARK_API const char * dspark_system_info(void);
+
+enum dspark_log_level {
+    DSPARK_LOG_LEVEL_DEBUG = 1,
+    DSPARK_LOG_LEVEL_INFO  = 2,
+    DSPARK_LOG_LEVEL_WARN  = 3,
+    DSPARK_LOG_LEVEL_ERROR = 4,
+};
+typedef void (*dspark_log_callback)(int32_t level, const char * text, void * user_data);
+/* Route library and ggml log messages; NULL restores the default (stderr, warnings and up). */
+DSPARK_API void dspark_log_set(dspark_log_callback callback, void * user_data);
+
+/* ---- devices ------------------------------------------------------------------------------ */
+
+enum dspark_device_type {
+    DSPARK_DEVICE_TYPE_CPU   = 0,
+    DSPARK_DEVICE_TYPE_GPU   = 1,
+    DSPARK_DEVICE_TYPE_IGPU  = 2,
+    DSPARK_DEVICE_TYPE_ACCEL = 3,
+};
+
+DSPARK_API int32_t      dspark_device_count(void);
+DSPARK_API const char * dspark_device_name(int32_t index);         /* NULL if out of range */
+DSPARK_API const char * dspark_device_description(int32_t index);  /* NULL if out of range */
+DSPARK_API int32_t      dspark_device_type(int32_t index);         /* enum dspark_device_type or < 0 */
+DSPARK_API int32_t      dspark_device_memory(int32_t index, size_t * free_bytes, size_t * total_bytes);
+
+/* ---- GGUF files ---------------------------------------------------------------------------- */
+
+/* Metadata value types, numbered as in the GGUF format. */
+enum dspark_gguf_type {
+    DSPARK_GGUF_TYPE_UINT8   = 0,
+    DSPARK_GGUF_TYPE_INT8    = 1,
+    DSPARK_GGUF_TYPE_UINT16  = 2,
+    DSPARK_GGUF_TYPE_INT16   = 3,
+    DSPARK_GGUF_TYPE_UINT32  = 4,
+    DSPARK_GGUF_TYPE_INT32   = 5,
+    DSPARK_GGUF_TYPE_FLOAT32 = 6,
+    DSPARK_GGUF_TYPE_BOOL    = 7,
+    DSPARK_GGUF_TYPE_STRING  = 8,
+    DSPARK_GGUF_TYPE_ARRAY   = 9,
+    DSPARK_GGUF_TYPE_UINT64  = 10,
+    DSPARK_GGUF_TYPE_INT64   = 11,
+    DSPARK_GGUF_TYPE_FLOAT64 = 12,
+};
+
+struct dspark_gguf;
+
+/* Open a GGUF file and check its structure (header, metadata, tensor table, that every tensor's
+ * data lies inside the file). Reads no tensor data. NULL on error. */
+DSPARK_API struct dspark_gguf * dspark_gguf_open(const char * path);
+DSPARK_API void                 dspark_gguf_close(struct dspark_gguf * gguf);
+
+DSPARK_API uint64_t     dspark_gguf_file_size(const struct dspark_gguf * gguf);
+DSPARK_API uint32_t     dspark_gguf_version(const struct dspark_gguf * gguf);
+DSPARK_API int64_t      dspark_gguf_n_kv(const struct dspark_gguf * gguf);
+DSPARK_API int64_t      dspark_gguf_find_key(const struct dspark_gguf * gguf, const char * key); /* -1: absent */
+DSPARK_API const char * dspark_gguf_key(const struct dspark_gguf * gguf, int64_t i);
+DSPARK_API int32_t      dspark_gguf_kv_type(const struct dspark_gguf * gguf, int64_t i);  /* enum dspark_gguf_type */
+DSPARK_API int32_t      dspark_gguf_arr_type(const struct dspark_gguf * gguf, int64_t i); /* element type of an array */
+DSPARK_API int64_t      dspark_gguf_arr_n(const struct dspark_gguf * gguf, int64_t i);
+/* Scalars of any integer/bool type, of any float type, and strings. Wrong type: error status. */
+DSPARK_API int32_t      dspark_gguf_get_int(const struct dspark_gguf * gguf, int64_t i, int64_t * out);
+DSPARK_API int32_t      dspark_gguf_get_float(const struct dspark_gguf * gguf, int64_t i, double * out);
+DSPARK_API const char * dspark_gguf_get_str(const struct dspark_gguf * gguf, int64_t i);
+/* Arrays: raw element data of a numeric array (element type from dspark_gguf_arr_type), and the
+ * j-th string of a string array. NULL on a type mismatch or out-of-range index. */
+DSPARK_API const void * dspark_gguf_get_arr_data(const struct dspark_gguf * gguf, int64_t i);
+DSPARK_API const char * dspark_gguf_get_arr_str(const struct dspark_gguf * gguf, int64_t i, int64_t j);
+
+DSPARK_API int64_t      dspark_gguf_n_tensors(const struct dspark_gguf * gguf);
+DSPARK_API int64_t      dspark_gguf_find_tensor(const struct dspark_gguf * gguf, const char * name); /* -1: absent */
+DSPARK_API const char * dspark_gguf_tensor_name(const struct dspark_gguf * gguf, int64_t i);
+DSPARK_API const char * dspark_gguf_tensor_type(const struct dspark_gguf * gguf, int64_t i); /* "f16", "q8_0", ... */
+DSPARK_API int32_t      dspark_gguf_tensor_n_dims(const struct dspark_gguf * gguf, int64_t i);
+DSPARK_API int64_t      dspark_gguf_tensor_ne(const struct dspark_gguf * gguf, int64_t i, int32_t dim); /* ggml order */
+DSPARK_API uint64_t     dspark_gguf_tensor_offset(const struct dspark_gguf * gguf, int64_t i); /* in the file */
+DSPARK_API uint64_t     dspark_gguf_tensor_nbytes(const struct dspark_gguf * gguf, int64_t i);
+
+/* ---- models ------------------------------------------------------------------------------ */
+
+struct dspark_model;
+
+struct dspark_model_params {
+    int32_t device;     /* index from dspark_device_*; -1 = the first GPU if any, else the CPU */
+    bool    use_mmap;   /* map the file and compute from it without a copy (CPU); default true */
+};
+
+DSPARK_API struct dspark_model_params dspark_model_default_params(void);
+
+/* Load a target model (arch qwen3, llama or qwen2). NULL on error (see dspark_last_error). */
+DSPARK_API struct dspark_model * dspark_model_load_from_file(const char * path, const struct dspark_model_params * params);
+DSPARK_API void                  dspark_model_free(struct dspark_model * model);
+
+/* The model's GGUF metadata and tensor table; owned by the model. */
+DSPARK_API const struct dspark_gguf * dspark_model_gguf(const struct dspark_model * model);
+
+DSPARK_API const char * dspark_model_arch(const struct dspark_model * model);
+DSPARK_API const char * dspark_model_device(const struct dspark_model * model); /* device name */
+DSPARK_API int32_t      dspark_model_n_vocab(const struct dspark_model * model);
+DSPARK_API int32_t      dspark_model_n_embd(const struct dspark_model * model);
+DSPARK_API int32_t      dspark_model_n_layer(const struct dspark_model * model);
+DSPARK_API int32_t      dspark_model_n_head(const struct dspark_model * model);
+DSPARK_API int32_t      dspark_model_n_head_kv(const struct dspark_model * model);
+DSPARK_API int32_t      dspark_model_n_ctx_train(const struct dspark_model * model);
+DSPARK_API uint64_t     dspark_model_n_params(const struct dspark_model * model);
+DSPARK_API uint64_t     dspark_model_size(const struct dspark_model * model); /* bytes of weights */
+
+/* ---- contexts (target) ---------------------------------------------------------------------- */
+
+enum dspark_kv_type {
+    DSPARK_KV_TYPE_F16  = 0,
+    DSPARK_KV_TYPE_F32  = 1,
+    DSPARK_KV_TYPE_BF16 = 2,
+    DSPARK_KV_TYPE_Q8_0 = 3,
+};
+
+enum dspark_flash_attn {
+    DSPARK_FLASH_ATTN_AUTO = -1, /* on where the device supports it */
+    DSPARK_FLASH_ATTN_OFF  =  0,
+    DSPARK_FLASH_ATTN_ON   =  1,
+};
+
+struct dspark_context;
+
+struct dspark_context_params {
+    uint32_t n_ctx;                 /* KV cells shared by all sequences; 0 = the model's training context  */
+    uint32_t n_batch;               /* max tokens in one decode; default 512                               */
+    uint32_t n_seq_max;             /* sequence ids allowed: 0 .. n_seq_max-1 (at most 256); default 1      */
+    uint32_t n_outputs_max_per_seq; /* max output rows of one sequence in a batch; 0 = no limit but n_batch */
+    int32_t  n_threads;             /* CPU threads; <= 0 = all hardware threads                            */
+    int32_t  type_kv;               /* enum dspark_kv_type; default F16                                     */
+    int32_t  flash_attn;            /* enum dspark_flash_attn; default AUTO                                 */
+};
+
+DSPARK_API struct dspark_context_params dspark_context_default_params(void);
+
+/* A context for a target model: KV cache, compute buffers (reserved here for the largest batch)
+ * and output buffers. Borrows the model. NULL on error. */
+DSPARK_API struct dspark_context * dspark_context_init(struct dspark_model * model, const struct dspark_context_params * params);
+DSPARK_API void                    dspark_context_free(struct dspark_context * ctx);
+
+/* The parameters in effect (defaults resolved). */
+DSPARK_API void    dspark_context_get_params(const struct dspark_context * ctx, struct dspark_context_params * out);
+DSPARK_API int32_t dspark_context_set_threads(struct dspark_context * ctx, int32_t n_threads);
+
+/* Called during computation; returning true stops it: the call returns DSPARK_STATUS_ABORTED and
+ * leaves the KV cache as it was before the call. NULL removes the callback. */
+typedef bool (*dspark_abort_callback)(void * user_data);
+DSPARK_API void dspark_context_set_abort_callback(struct dspark_context * ctx, dspark_abort_callback callback, void * user_data);
+
+/* Capture, for every token of each following batch, the residual stream entering each listed layer
+ * (0 = the token embeddings, n_layer = the input of the final norm), concatenated in list order.
+ * n = 0 turns capture off. */
+DSPARK_API int32_t dspark_set_capture_layers(struct dspark_context * ctx, const int32_t * layer_ids, int32_t n);
+
+/* A batch of tokens: each with a position, a sequence id and whether it produces logits. */
+struct dspark_batch {
+    int32_t               n_tokens;
+    const dspark_token  * token;   /* [n_tokens] */
+    const dspark_pos    * pos;     /* [n_tokens]; per sequence, above every position already cached */
+    const dspark_seq_id * seq_id;  /* [n_tokens] */
+    const int8_t        * output;  /* [n_tokens] nonzero = produce logits; NULL = only the last token */
+};
+
+/* Run the target on a batch: attention is causal within each sequence and never crosses
+ * sequences. Returns DSPARK_STATUS_OK, or INVALID_ARGUMENT (bad token, position, sequence id, batch
+ * size or output count), CONTEXT_FULL, ABORTED; on any failure the KV cache is unchanged. */
+DSPARK_API int32_t dspark_decode(struct dspark_context * ctx, const struct dspark_batch * batch);
+
+/* Outputs of the last decode, valid until the next one. Logits: [n_outputs][n_vocab], rows in
+ * batch order of the flagged tokens. Captured: [n_tokens][width], width = n_layers_captured * n_embd. */
+DSPARK_API int32_t       dspark_n_outputs(const struct dspark_context * ctx);
+DSPARK_API const float * dspark_get_logits(const struct dspark_context * ctx);
+DSPARK_API const float * dspark_get_captured(const struct dspark_context * ctx, int32_t * n_tokens, int32_t * width);
+
+/* KV cache sequence operations: bookkeeping only, no graph runs. p1 < 0 means to the end;
+ * seq_id < 0 in seq_rm means every sequence. */
+DSPARK_API int32_t    dspark_kv_seq_rm(struct dspark_context * ctx, dspark_seq_id seq_id, dspark_pos p0, dspark_pos p1);
+DSPARK_API int32_t    dspark_kv_seq_cp(struct dspark_context * ctx, dspark_seq_id src, dspark_seq_id dst, dspark_pos p0, dspark_pos p1);
+DSPARK_API int32_t    dspark_kv_seq_keep(struct dspark_context * ctx, dspark_seq_id seq_id);
+DSPARK_API void       dspark_kv_clear(struct dspark_context * ctx);
+DSPARK_API dspark_pos dspark_kv_seq_pos_max(const struct dspark_context * ctx, dspark_seq_id seq_id); /* -1: empty */
+DSPARK_API dspark_pos dspark_kv_seq_pos_min(const struct dspark_context * ctx, dspark_seq_id seq_id); /* -1: empty */
+DSPARK_API int32_t    dspark_kv_n_used(const struct dspark_context * ctx);
+
+/* @cdef-end */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSPARK_H */

@@ -1,0 +1,100 @@
+#include "dspark-backend.h"
+
+#include "dspark-impl.h"
+
+#include <mutex>
+
+#if !defined(_WIN32)
+#    include <dlfcn.h>
+#endif
+
+static std::string library_dir() {
+#if !defined(_WIN32)
+    Dl_info info;
+    if (dladdr((void *) &library_dir, &info) && info.dli_fname) {
+        std::string p = info.dli_fname;
+        const size_t slash = p.find_last_of('/');
+        return slash == std::string::npos ? "." : p.substr(0, slash);
+    }
+#endif
+    return ".";
+}
+
+void dspark_backends_load(const std::string & dir) {
+    static std::once_flag once;
+    std::call_once(once, [&]() {
+        dspark_log_install_ggml_hook();
+#ifdef GGML_BACKEND_DL
+        const std::string d = dir.empty() ? library_dir() : dir;
+        ggml_backend_load_all_from_path(d.c_str());
+#else
+        (void) dir;
+#endif
+    });
+}
+
+int32_t dspark_device_count_all() {
+    dspark_backends_load();
+    return (int32_t) ggml_backend_dev_count();
+}
+
+ggml_backend_dev_t dspark_device_get(int32_t index) {
+    if (index < 0 || index >= dspark_device_count_all()) {
+        return nullptr;
+    }
+    return ggml_backend_dev_get((size_t) index);
+}
+
+bool dspark_device_is_cpu(ggml_backend_dev_t dev) {
+    return ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
+}
+
+ggml_backend_dev_t dspark_device_cpu() {
+    dspark_backends_load();
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!dev) {
+        dspark_throw(DSPARK_STATUS_UNSUPPORTED, "this build of ggml has no CPU backend");
+    }
+    return dev;
+}
+
+ggml_backend_dev_t dspark_device_pick(int32_t index) {
+    const int32_t n = dspark_device_count_all();
+    if (index >= 0) {
+        if (index >= n) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "device index %d out of range (%d devices)", index, n);
+        }
+        return ggml_backend_dev_get((size_t) index);
+    }
+    if (index != -1) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "device index %d: use -1 for automatic or 0..%d", index, n - 1);
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get((size_t) i);
+        const auto type = ggml_backend_dev_type(dev);
+        if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+            return dev;
+        }
+    }
+    return dspark_device_cpu();
+}
+
+ggml_backend_t dspark_backend_init(ggml_backend_dev_t dev) {
+    ggml_backend_t backend = ggml_backend_dev_init(dev, nullptr);
+    if (!backend) {
+        dspark_throw(DSPARK_STATUS_INTERNAL, "failed to initialise backend on device %s", ggml_backend_dev_name(dev));
+    }
+    return backend;
+}
+
+void dspark_backend_set_threads(ggml_backend_t backend, int n_threads) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+    if (!reg) {
+        return;
+    }
+    auto fn = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
+    if (fn) {
+        fn(backend, n_threads);
+    }
+}

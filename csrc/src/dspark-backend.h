@@ -1,0 +1,21 @@
+// ggml backends and devices: loading dynamic backends, choosing a device, creating backends and
+// setting their thread counts. Everything goes through ggml's registry, never a CPU shortcut, so
+// whatever backends the linked ggml provides (CPU, CUDA, Vulkan, Metal) are usable.
+#pragma once
+
+#include "ggml-backend.h"
+
+#include <string>
+
+// Load dynamically built backends (GGML_BACKEND_DL) once; dir = "" means this library's folder.
+void dspark_backends_load(const std::string & dir = "");
+
+int32_t            dspark_device_count_all();
+ggml_backend_dev_t dspark_device_get(int32_t index);   // nullptr if out of range
+ggml_backend_dev_t dspark_device_pick(int32_t index);  // -1: first GPU, else CPU; throws if invalid
+ggml_backend_dev_t dspark_device_cpu();                // throws if the build has no CPU backend
+bool               dspark_device_is_cpu(ggml_backend_dev_t dev);
+
+// Initialise a backend on a device; throws with the device name on failure.
+ggml_backend_t dspark_backend_init(ggml_backend_dev_t dev);
+void           dspark_backend_set_threads(ggml_backend_t backend, int n_threads);

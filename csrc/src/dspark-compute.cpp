@@ -1,0 +1,102 @@
+#include "dspark-compute.h"
+
+#include "dspark-backend.h"
+#include "dspark-impl.h"
+
+dspark_compute::~dspark_compute() {
+    if (ctx) {
+        ggml_free(ctx);
+    }
+    if (sched) {
+        ggml_backend_sched_free(sched);
+    }
+    if (backend_cpu && backend_cpu != backend) {
+        ggml_backend_free(backend_cpu);
+    }
+    if (backend) {
+        ggml_backend_free(backend);
+    }
+}
+
+void dspark_compute::init(ggml_backend_dev_t dev, int n_threads, size_t max_nodes_) {
+    max_nodes = max_nodes_;
+    backend = dspark_backend_init(dev);
+    backend_cpu = dspark_device_is_cpu(dev) ? backend : dspark_backend_init(dspark_device_cpu());
+    set_threads(n_threads);
+
+    std::vector<ggml_backend_t> backends = {backend};
+    if (backend_cpu != backend) {
+        backends.push_back(backend_cpu);  // the scheduler's fallback must come last
+    }
+    sched = ggml_backend_sched_new(backends.data(), nullptr, (int) backends.size(), max_nodes, false, true);
+    if (!sched) {
+        dspark_throw(DSPARK_STATUS_INTERNAL, "failed to create the backend scheduler");
+    }
+    meta.resize(ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, false));
+}
+
+void dspark_compute::set_threads(int n_threads) {
+    dspark_backend_set_threads(backend_cpu, n_threads);
+    if (backend != backend_cpu) {
+        dspark_backend_set_threads(backend, n_threads);
+    }
+}
+
+bool dspark_compute::abort_trampoline(void * self) {
+    const dspark_compute * c = (const dspark_compute *) self;
+    return c->abort_fn && c->abort_fn(c->abort_data);
+}
+
+void dspark_compute::set_abort(dspark_abort_fn fn, void * data) {
+    abort_fn = fn;
+    abort_data = data;
+    for (ggml_backend_t b : {backend, backend_cpu}) {
+        ggml_backend_dev_t dev = ggml_backend_get_device(b);
+        ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+        auto set = reg ? (ggml_backend_set_abort_callback_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_abort_callback")
+                       : nullptr;
+        if (set) {
+            set(b, fn ? abort_trampoline : nullptr, fn ? this : nullptr);
+        }
+    }
+}
+
+ggml_context * dspark_compute::begin() {
+    if (ctx) {
+        ggml_free(ctx);
+    }
+    ggml_init_params p = { /*.mem_size =*/ meta.size(), /*.mem_buffer =*/ meta.data(), /*.no_alloc =*/ true };
+    ctx = ggml_init(p);
+    return ctx;
+}
+
+ggml_cgraph * dspark_compute::new_graph(ggml_context * c) const {
+    return ggml_new_graph_custom(c, max_nodes, false);
+}
+
+void dspark_compute::reserve(ggml_cgraph * gf) {
+    if (!ggml_backend_sched_reserve(sched, gf)) {
+        dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory to reserve the compute buffers");
+    }
+}
+
+void dspark_compute::alloc(ggml_cgraph * gf) {
+    ggml_backend_sched_reset(sched);
+    if (!ggml_backend_sched_alloc_graph(sched, gf)) {
+        dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "failed to allocate the compute graph");
+    }
+}
+
+void dspark_compute::compute(ggml_cgraph * gf) {
+    const ggml_status st = ggml_backend_sched_graph_compute(sched, gf);
+    if (st == GGML_STATUS_ABORTED) {
+        dspark_throw(DSPARK_STATUS_ABORTED, "computation aborted");
+    }
+    if (st != GGML_STATUS_SUCCESS) {
+        dspark_throw(DSPARK_STATUS_INTERNAL, "graph computation failed (%s)", ggml_status_to_string(st));
+    }
+}
+
+bool dspark_compute::device_supports(const ggml_tensor * op) const {
+    return ggml_backend_supports_op(backend, op);
+}

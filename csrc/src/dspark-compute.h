@@ -1,0 +1,48 @@
+// Where graphs run: the model's device backend (plus the CPU backend for anything the device
+// cannot do), one backend scheduler whose buffers are reserved once for the worst-case graph, and
+// the host memory graphs are described in. Per step only the graph description is rebuilt; no
+// compute buffer is reallocated unless a graph outgrows the reservation.
+#pragma once
+
+#include "ggml-backend.h"
+#include "ggml.h"
+
+#include <vector>
+
+typedef bool (*dspark_abort_fn)(void * data);
+
+struct dspark_compute {
+    ggml_backend_t              backend     = nullptr;  // the model's device
+    ggml_backend_t              backend_cpu = nullptr;  // same as backend on CPU-only runs
+    ggml_backend_sched_t        sched       = nullptr;
+    size_t                      max_nodes   = 0;
+
+    dspark_compute() = default;
+    ~dspark_compute();
+    dspark_compute(const dspark_compute &) = delete;
+    dspark_compute & operator=(const dspark_compute &) = delete;
+
+    void init(ggml_backend_dev_t dev, int n_threads, size_t max_nodes);
+    void set_threads(int n_threads);
+    void set_abort(dspark_abort_fn fn, void * data);
+
+    // Start describing a new graph (invalidates tensors of the previous one).
+    ggml_context * begin();
+    ggml_cgraph *  new_graph(ggml_context * ctx) const;
+
+    // Size the compute buffers for this (worst-case) graph.
+    void reserve(ggml_cgraph * gf);
+    // Allocate the graph's tensors; inputs can be set afterwards.
+    void alloc(ggml_cgraph * gf);
+    // Run it; throws DSPARK_STATUS_ABORTED if the abort callback fired.
+    void compute(ggml_cgraph * gf);
+
+    bool device_supports(const ggml_tensor * op) const;
+
+  private:
+    std::vector<uint8_t> meta;
+    ggml_context *       ctx = nullptr;
+    dspark_abort_fn      abort_fn   = nullptr;
+    void *               abort_data = nullptr;
+    static bool          abort_trampoline(void * self);
+};

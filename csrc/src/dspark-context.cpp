@@ -1,0 +1,205 @@
+#include "dspark-context.h"
+
+#include "dspark-impl.h"
+#include "models/target-graph.h"
+
+#include <algorithm>
+#include <thread>
+
+ggml_type dspark_kv_ggml_type(int32_t t) {
+    switch (t) {
+        case DSPARK_KV_TYPE_F16:  return GGML_TYPE_F16;
+        case DSPARK_KV_TYPE_F32:  return GGML_TYPE_F32;
+        case DSPARK_KV_TYPE_BF16: return GGML_TYPE_BF16;
+        case DSPARK_KV_TYPE_Q8_0: return GGML_TYPE_Q8_0;
+        default: dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown KV cache type %d (0=f16, 1=f32, 2=bf16, 3=q8_0)", t);
+    }
+}
+
+dspark_context_params dspark_resolve_context_params(const dspark_context_params & in, int n_ctx_train) {
+    dspark_context_params p = in;
+    if (p.n_ctx == 0) {
+        p.n_ctx = (uint32_t) n_ctx_train;
+    }
+    if (p.n_batch == 0) {
+        p.n_batch = 512;
+    }
+    if (p.n_seq_max == 0) {
+        p.n_seq_max = 1;
+    }
+    if (p.n_threads <= 0) {
+        p.n_threads = (int32_t) std::max(1u, std::thread::hardware_concurrency());
+    }
+    if (p.n_seq_max > DSPARK_MAX_SEQ) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_seq_max = %u exceeds the maximum of %d", p.n_seq_max, DSPARK_MAX_SEQ);
+    }
+    if (p.n_ctx < 1 || p.n_ctx > (1u << 24)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_ctx = %u is out of range (1 .. 16777216)", p.n_ctx);
+    }
+    p.n_batch = std::min(p.n_batch, p.n_ctx);
+    if (p.n_outputs_max_per_seq > p.n_batch) {
+        p.n_outputs_max_per_seq = p.n_batch;
+    }
+    if (p.flash_attn < DSPARK_FLASH_ATTN_AUTO || p.flash_attn > DSPARK_FLASH_ATTN_ON) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "flash_attn must be -1 (auto), 0 or 1");
+    }
+    dspark_kv_ggml_type(p.type_kv);  // validates
+    return p;
+}
+
+// Does the device run flash attention for these head and cache types?
+static bool flash_attn_supported(const dspark_compute & c, int head_dim, int n_head, int n_head_kv, ggml_type kv_type) {
+    ggml_init_params ip = { /*.mem_size =*/ 8 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * q = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, head_dim, 1, n_head);
+    ggml_tensor * k = ggml_new_tensor_3d(ctx, kv_type, head_dim, 32, n_head_kv);
+    ggml_tensor * v = ggml_new_tensor_3d(ctx, kv_type, head_dim, 32, n_head_kv);
+    ggml_tensor * m = ggml_new_tensor_2d(ctx, GGML_TYPE_F16, 32, 1);
+    ggml_tensor * fa = ggml_flash_attn_ext(ctx, q, k, v, m, 1.0f, 0.0f, 0.0f);
+    const bool ok = c.device_supports(fa);
+    ggml_free(ctx);
+    return ok;
+}
+
+dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p) : model(m) {
+    if (!model.target) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "%s: not a target model", model.path().c_str());
+    }
+    params = dspark_resolve_context_params(p, hp().n_ctx_train);
+    const uint32_t per_seq = params.n_outputs_max_per_seq ? params.n_outputs_max_per_seq : params.n_batch;
+    n_outputs_max = std::min<uint32_t>(params.n_batch, per_seq * params.n_seq_max);
+
+    compute.init(model.device(), params.n_threads, (size_t) 256 + (size_t) hp().n_layer * 64);
+    const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
+    kv.init(ggml_backend_get_default_buffer_type(compute.backend), hp().n_layer, hp().n_embd_k_gqa(),
+            hp().n_embd_v_gqa(), kv_type, params.n_ctx, params.n_seq_max);
+    flash_attn = params.flash_attn == DSPARK_FLASH_ATTN_ON ||
+                 (params.flash_attn == DSPARK_FLASH_ATTN_AUTO &&
+                  flash_attn_supported(compute, hp().head_dim_k, hp().n_head, hp().n_head_kv, kv_type));
+    params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
+    logits.resize((size_t) n_outputs_max * hp().n_vocab);
+    reserve_worst_case();
+}
+
+void dspark_context::reserve_worst_case() {
+    ggml_context * ctx = compute.begin();
+    ggml_cgraph * gf = compute.new_graph(ctx);
+    dspark_graph g = {ctx, gf};
+    build_target_graph(g, *model.target, kv, (int) params.n_batch, (int) n_outputs_max, (int) params.n_ctx, capture,
+                       flash_attn);
+    compute.reserve(gf);
+}
+
+void dspark_context::set_capture(const std::vector<int32_t> & ids) {
+    for (int32_t id : ids) {
+        if (id < 0 || id > hp().n_layer) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "layer id %d out of range: this model has layers 0..%d "
+                         "(%d = the input of the final norm)", id, hp().n_layer, hp().n_layer);
+        }
+    }
+    capture = ids;
+    captured.assign((size_t) params.n_batch * ids.size() * hp().n_embd, 0.0f);
+    n_captured = 0;
+    reserve_worst_case();
+}
+
+void dspark_context::validate(const dspark_batch & b, int32_t & n_out) const {
+    if (b.n_tokens < 1 || (uint32_t) b.n_tokens > params.n_batch) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "batch of %d tokens: must be 1 .. n_batch (%u)", b.n_tokens, params.n_batch);
+    }
+    if (!b.token || !b.pos || !b.seq_id) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "batch token, pos and seq_id arrays are required");
+    }
+    std::vector<int32_t> last_pos(params.n_seq_max, -2);
+    std::vector<uint32_t> outs(params.n_seq_max, 0);
+    n_out = 0;
+    for (int32_t i = 0; i < b.n_tokens; ++i) {
+        const int32_t tok = b.token[i], pos = b.pos[i], seq = b.seq_id[i];
+        if (tok < 0 || tok >= hp().n_vocab) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "token %d at batch index %d is outside the vocabulary (0 .. %d)", tok, i, hp().n_vocab - 1);
+        }
+        if (seq < 0 || (uint32_t) seq >= params.n_seq_max) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence id %d at batch index %d: must be 0 .. n_seq_max-1 (%u)", seq, i, params.n_seq_max - 1);
+        }
+        if (pos < 0 || (uint32_t) pos >= params.n_ctx) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "position %d at batch index %d: must be 0 .. n_ctx-1 (%u)", pos, i, params.n_ctx - 1);
+        }
+        if (last_pos[seq] == -2) {
+            last_pos[seq] = kv.seq_pos_max(seq);
+        }
+        if (pos <= last_pos[seq]) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "position %d of sequence %d at batch index %d: positions must increase "
+                         "and follow the cached ones (last is %d; remove cells with kv_seq_rm first)", pos, seq, i, last_pos[seq]);
+        }
+        last_pos[seq] = pos;
+        const bool out = b.output ? b.output[i] != 0 : i == b.n_tokens - 1;
+        if (out) {
+            n_out++;
+            outs[seq]++;
+            if (params.n_outputs_max_per_seq && outs[seq] > params.n_outputs_max_per_seq) {
+                dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d asks for %u outputs in one batch, above n_outputs_max_per_seq (%u)",
+                             seq, outs[seq], params.n_outputs_max_per_seq);
+            }
+        }
+    }
+    if ((uint32_t) n_out > n_outputs_max) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "batch asks for %d outputs, above the context's maximum (%u)", n_out, n_outputs_max);
+    }
+}
+
+void dspark_context::decode(const dspark_batch & b) {
+    int32_t n_out = 0;
+    validate(b, n_out);
+    std::vector<int32_t> slots;
+    if (!kv.find_slots((uint32_t) b.n_tokens, slots)) {
+        dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the KV cache is full: %u of %u cells used, the batch needs %d",
+                     kv.n_used(), kv.n_cells, b.n_tokens);
+    }
+    // The batch's own cells take part in its attention: claim them now, give them back on failure.
+    kv.commit(slots, b.pos, b.seq_id);
+    try {
+        run(b, slots, n_out);
+    } catch (...) {
+        kv.release(slots);
+        n_outputs = 0;
+        n_captured = 0;
+        throw;
+    }
+}
+
+void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & slots, int32_t n_out) {
+    const int T = b.n_tokens;
+    const int n_kv = (int) kv.n_kv();
+
+    ggml_context * ctx = compute.begin();
+    ggml_cgraph * gf = compute.new_graph(ctx);
+    dspark_graph g = {ctx, gf};
+    target_graph io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn);
+    compute.alloc(gf);
+
+    ggml_backend_tensor_set(io.tokens, b.token, 0, sizeof(int32_t) * T);
+    ggml_backend_tensor_set(io.pos, b.pos, 0, sizeof(int32_t) * T);
+    std::vector<int64_t> idx(slots.begin(), slots.end());
+    ggml_backend_tensor_set(io.kv_idx, idx.data(), 0, sizeof(int64_t) * T);
+    std::vector<ggml_fp16_t> mask((size_t) n_kv * T);
+    kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, dspark_kv_mask_params());
+    ggml_backend_tensor_set(io.mask, mask.data(), 0, mask.size() * sizeof(ggml_fp16_t));
+    if (io.out_ids) {
+        std::vector<int32_t> rows;
+        for (int i = 0; i < T; ++i) {
+            if (b.output ? b.output[i] != 0 : i == T - 1) {
+                rows.push_back(i);
+            }
+        }
+        ggml_backend_tensor_set(io.out_ids, rows.data(), 0, sizeof(int32_t) * rows.size());
+    }
+
+    compute.compute(gf);
+
+    ggml_backend_tensor_get(io.logits, logits.data(), 0, sizeof(float) * (size_t) n_out * hp().n_vocab);
+    if (io.captured) {
+        ggml_backend_tensor_get(io.captured, captured.data(), 0, ggml_nbytes(io.captured));
+    }
+    n_outputs = n_out;
+    n_captured = io.captured ? T : 0;
+}

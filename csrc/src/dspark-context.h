@@ -1,0 +1,41 @@
+// A target context: the KV cache, compute resources and output buffers of one model, and the
+// batch decode that validates, places, runs and reads back a batch.
+#pragma once
+
+#include "dspark.h"
+#include "dspark-compute.h"
+#include "dspark-kv-cache.h"
+#include "dspark-model.h"
+
+#include <vector>
+
+struct dspark_context {
+    dspark_model &         model;
+    dspark_context_params  params;
+    dspark_kv_cache        kv;
+    dspark_compute         compute;
+    bool                   flash_attn = true;
+    uint32_t               n_outputs_max = 0;  // rows of the logits buffer
+
+    std::vector<int32_t>   capture;            // layer ids whose inputs are captured
+    std::vector<float>     logits;             // [n_outputs_max][n_vocab]
+    std::vector<float>     captured;           // [n_batch][capture.size() * n_embd]
+    int32_t                n_outputs  = 0;     // of the last decode
+    int32_t                n_captured = 0;     // tokens captured by the last decode
+
+    dspark_context(dspark_model & model, const dspark_context_params & params);  // throws
+
+    void decode(const dspark_batch & batch);   // throws; the KV cache is unchanged on failure
+    void set_capture(const std::vector<int32_t> & ids);
+
+    const target_hparams & hp() const { return model.target->hp; }
+
+  private:
+    void validate(const dspark_batch & batch, int32_t & n_out) const;
+    void run(const dspark_batch & batch, const std::vector<int32_t> & slots, int32_t n_out);
+    void reserve_worst_case();
+};
+
+// Resolve defaults (0 / negative sentinels) and check ranges; throws INVALID_ARGUMENT.
+dspark_context_params dspark_resolve_context_params(const dspark_context_params & p, int n_ctx_train);
+ggml_type             dspark_kv_ggml_type(int32_t type_kv);

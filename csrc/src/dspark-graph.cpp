@@ -1,0 +1,79 @@
+#include "dspark-graph.h"
+
+#include <cmath>
+
+ggml_tensor * dspark_graph_input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, const char * name) {
+    ggml_tensor * t = ne1 > 1 ? ggml_new_tensor_2d(ctx, type, ne0, ne1) : ggml_new_tensor_1d(ctx, type, ne0);
+    ggml_set_input(t);
+    if (name) {
+        ggml_set_name(t, name);
+    }
+    return t;
+}
+
+ggml_tensor * dspark_graph::rms_norm(ggml_tensor * x, ggml_tensor * w, float eps) const {
+    ggml_tensor * y = ggml_rms_norm(ctx, x, eps);
+    return w ? ggml_mul(ctx, y, w) : y;
+}
+
+ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * scale) const {
+    ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+    return scale ? ggml_mul(ctx, y, scale) : y;
+}
+
+ggml_tensor * dspark_graph::add(ggml_tensor * x, ggml_tensor * b) const {
+    return b ? ggml_add(ctx, x, b) : x;
+}
+
+ggml_tensor * dspark_graph::rope(ggml_tensor * x, ggml_tensor * pos, const dspark_rope & r, ggml_tensor * freq_factors) const {
+    return ggml_rope_ext(ctx, x, pos, freq_factors, r.n_rot, r.mode, r.n_ctx_orig, r.freq_base, r.freq_scale,
+                         r.ext_factor, r.attn_factor, r.beta_fast, r.beta_slow);
+}
+
+void dspark_graph::store_kv(const dspark_kv_cache & kv, int il, ggml_tensor * k, ggml_tensor * v, ggml_tensor * kv_idx) const {
+    const int64_t T = k->ne[2];
+    ggml_tensor * k2 = ggml_reshape_2d(ctx, k, k->ne[0] * k->ne[1], T);  // [D·Hkv, T]
+    ggml_tensor * v2 = ggml_reshape_2d(ctx, v, v->ne[0] * v->ne[1], T);
+    // The attention reads the cache after these writes: expanding them first fixes the order.
+    expand(ggml_set_rows(ctx, kv.k[il], k2, kv_idx));
+    expand(ggml_set_rows(ctx, kv.v[il], v2, kv_idx));
+}
+
+ggml_tensor * dspark_graph::attention(const dspark_kv_cache & kv, int il, ggml_tensor * q, ggml_tensor * mask, int n_kv,
+                                      int head_dim, int n_head_kv, float scale, bool flash, ggml_tensor * sinks) const {
+    const int64_t H = q->ne[1], T = q->ne[2];
+    ggml_tensor * kc = kv.k[il];
+    ggml_tensor * vc = kv.v[il];
+    // cache rows are cells; view them as [D, Hkv, n_kv] and put heads last: [D, n_kv, Hkv]
+    ggml_tensor * k = ggml_view_3d(ctx, kc, head_dim, n_head_kv, n_kv, ggml_row_size(kc->type, head_dim), kc->nb[1], 0);
+    ggml_tensor * v = ggml_view_3d(ctx, vc, head_dim, n_head_kv, n_kv, ggml_row_size(vc->type, head_dim), vc->nb[1], 0);
+    k = ggml_permute(ctx, k, 0, 2, 1, 3);
+    v = ggml_permute(ctx, v, 0, 2, 1, 3);
+    ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);  // [D, T, H]
+
+    ggml_tensor * out;
+    if (flash) {
+        out = ggml_flash_attn_ext(ctx, qp, k, v, mask, scale, 0.0f, 0.0f);  // [D, H, T]
+        if (sinks) {
+            ggml_flash_attn_ext_add_sinks(out, sinks);
+        }
+    } else {
+        ggml_tensor * kq = ggml_mul_mat(ctx, k, qp);  // [n_kv, T, H]
+        kq = ggml_soft_max_ext(ctx, kq, mask, scale, 0.0f);
+        if (sinks) {
+            ggml_soft_max_add_sinks(kq, sinks);
+        }
+        ggml_tensor * vt = ggml_cont(ctx, ggml_permute(ctx, v, 1, 0, 2, 3));  // [n_kv, D, Hkv]
+        out = ggml_mul_mat(ctx, vt, kq);                                    // [D, T, H]
+        out = ggml_permute(ctx, out, 0, 2, 1, 3);                           // [D, H, T]
+        out = ggml_cont(ctx, out);
+    }
+    return ggml_reshape_2d(ctx, out, head_dim * H, T);
+}
+
+ggml_tensor * dspark_graph::ffn(ggml_tensor * x, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down, bool gelu) const {
+    ggml_tensor * g = ggml_mul_mat(ctx, gate, x);
+    ggml_tensor * u = ggml_mul_mat(ctx, up, x);
+    ggml_tensor * h = gelu ? ggml_geglu_split(ctx, g, u) : ggml_swiglu_split(ctx, g, u);
+    return ggml_mul_mat(ctx, down, h);
+}

@@ -1,0 +1,43 @@
+// Shared graph builders: the pieces every transformer in this project is made of, written so the
+// model files read like the math. Shapes use ggml order, fastest dimension first:
+//   E = embedding width, T = tokens in the batch, D = head dim, H / Hkv = query / KV heads,
+//   n_kv = cache cells attention looks at.
+#pragma once
+
+#include "dspark-kv-cache.h"
+#include "dspark-rope.h"
+
+#include "ggml.h"
+
+struct dspark_graph {
+    ggml_context * ctx;
+    ggml_cgraph *  gf;
+
+    // x / sqrt(mean(x^2) + eps) * w, over the first dimension; w may be null (no weight).
+    ggml_tensor * rms_norm(ggml_tensor * x, ggml_tensor * w, float eps) const;
+
+    // w · x, then times the optional one-element tensor `scale` (per-tensor scales of some GGUFs).
+    ggml_tensor * mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * scale = nullptr) const;
+
+    // x + b when b is given.
+    ggml_tensor * add(ggml_tensor * x, ggml_tensor * b) const;
+
+    // Rotary embedding of x [D, heads, T] at positions pos [T] (I32).
+    ggml_tensor * rope(ggml_tensor * x, ggml_tensor * pos, const dspark_rope & r, ggml_tensor * freq_factors) const;
+
+    // Write k [D, Hkv, T] and v into the cache rows kv_idx [T] (I64) of layer il.
+    void store_kv(const dspark_kv_cache & kv, int il, ggml_tensor * k, ggml_tensor * v, ggml_tensor * kv_idx) const;
+
+    // softmax(scale · q·kᵀ + mask) · v over the first n_kv cache cells of layer il; q [D, H, T],
+    // mask [n_kv, T] (F16). Returns [D·H, T]. `sinks` [H] adds per-head sink logits (may be null).
+    ggml_tensor * attention(const dspark_kv_cache & kv, int il, ggml_tensor * q, ggml_tensor * mask, int n_kv,
+                            int head_dim, int n_head_kv, float scale, bool flash, ggml_tensor * sinks = nullptr) const;
+
+    // down · (act(gate · x) ⊙ (up · x)), act = SiLU or GELU (tanh approximation).
+    ggml_tensor * ffn(ggml_tensor * x, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down, bool gelu) const;
+
+    void expand(ggml_tensor * t) const { ggml_build_forward_expand(gf, t); }
+};
+
+// An input tensor of the graph (filled on the host after allocation).
+ggml_tensor * dspark_graph_input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1 = 1, const char * name = nullptr);

@@ -1,0 +1,180 @@
+#include "dspark-kv-cache.h"
+
+#include "dspark-impl.h"
+
+#include <cmath>
+
+dspark_kv_cache::~dspark_kv_cache() {
+    if (buf) {
+        ggml_backend_buffer_free(buf);
+    }
+    if (ctx) {
+        ggml_free(ctx);
+    }
+}
+
+void dspark_kv_cache::init(ggml_backend_buffer_type_t buft, int n_layer, int64_t n_embd_k, int64_t n_embd_v,
+                           ggml_type type, uint32_t n_cells_, uint32_t n_seq_max_) {
+    n_cells   = n_cells_;
+    n_seq_max = n_seq_max_;
+    cells.assign(n_cells, dspark_kv_cell());
+    ggml_init_params ip = { /*.mem_size =*/ (size_t) (2 * n_layer + 1) * ggml_tensor_overhead(),
+                            /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true };
+    ctx = ggml_init(ip);
+    for (int il = 0; il < n_layer; ++il) {
+        k.push_back(ggml_new_tensor_2d(ctx, type, n_embd_k, n_cells));
+        v.push_back(ggml_new_tensor_2d(ctx, type, n_embd_v, n_cells));
+        ggml_format_name(k.back(), "cache_k_l%d", il);
+        ggml_format_name(v.back(), "cache_v_l%d", il);
+    }
+    buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
+    if (!buf) {
+        dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory for a KV cache of %u cells", n_cells);
+    }
+    // Empty cells are masked out, but their memory is read by attention: keep it finite.
+    ggml_backend_buffer_clear(buf, 0);
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_COMPUTE);
+}
+
+bool dspark_kv_cache::find_slots(uint32_t n, std::vector<int32_t> & out) const {
+    out.clear();
+    if (n > n_cells - used) {
+        return false;
+    }
+    for (uint32_t i = 0; i < n_cells && out.size() < n; ++i) {
+        if (cells[i].pos < 0) {
+            out.push_back((int32_t) i);
+        }
+    }
+    return out.size() == n;
+}
+
+void dspark_kv_cache::commit(const std::vector<int32_t> & slots, const int32_t * pos, const int32_t * seq) {
+    for (size_t i = 0; i < slots.size(); ++i) {
+        dspark_kv_cell & c = cells[slots[i]];
+        c.pos = pos[i];
+        c.seq.reset();
+        c.seq.set(seq[i]);
+        used++;
+        extent = std::max(extent, (uint32_t) slots[i] + 1);
+    }
+}
+
+void dspark_kv_cache::release(const std::vector<int32_t> & slots) {
+    for (int32_t i : slots) {
+        if (cells[i].pos >= 0) {
+            cells[i] = dspark_kv_cell();
+            used--;
+        }
+    }
+    shrink_extent();
+}
+
+uint32_t dspark_kv_cache::n_kv() const {
+    const uint32_t pad = 32;
+    const uint32_t n = ((extent + pad - 1) / pad) * pad;
+    return std::max<uint32_t>(1, std::min(n, n_cells));
+}
+
+template <typename T>
+static void fill_mask_impl(const dspark_kv_cache & kv, T * out, uint32_t n_kv, int32_t n_tokens, const int32_t * pos,
+                           const int32_t * seq, const dspark_kv_mask_params & mp, T zero, T neg_inf) {
+    for (int32_t t = 0; t < n_tokens; ++t) {
+        T * row = out + (size_t) t * n_kv;
+        for (uint32_t j = 0; j < n_kv; ++j) {
+            const dspark_kv_cell & c = kv.cells[j];
+            bool ok = c.pos >= 0 && c.seq.test(seq[t]);
+            ok = ok && (!mp.causal || c.pos <= pos[t]);
+            ok = ok && (mp.n_swa <= 0 || pos[t] - c.pos < mp.n_swa);
+            row[j] = ok ? zero : neg_inf;
+        }
+    }
+}
+
+void dspark_kv_cache::fill_mask(ggml_fp16_t * out, uint32_t n_kv_, int32_t n_tokens, const int32_t * pos,
+                                const int32_t * seq, const dspark_kv_mask_params & mp) const {
+    fill_mask_impl<ggml_fp16_t>(*this, out, n_kv_, n_tokens, pos, seq, mp, ggml_fp32_to_fp16(0.0f),
+                                ggml_fp32_to_fp16(-INFINITY));
+}
+
+void dspark_kv_cache::fill_mask(float * out, uint32_t n_kv_, int32_t n_tokens, const int32_t * pos,
+                                const int32_t * seq, const dspark_kv_mask_params & mp) const {
+    fill_mask_impl<float>(*this, out, n_kv_, n_tokens, pos, seq, mp, 0.0f, -INFINITY);
+}
+
+static bool in_range(int32_t p, int32_t p0, int32_t p1) {
+    return p >= p0 && (p1 < 0 || p < p1);
+}
+
+void dspark_kv_cache::seq_rm(int32_t seq, int32_t p0, int32_t p1) {
+    for (dspark_kv_cell & c : cells) {
+        if (c.pos >= 0 && (seq < 0 || c.seq.test(seq)) && in_range(c.pos, p0, p1)) {
+            if (seq < 0) {
+                c.seq.reset();
+            } else {
+                c.seq.reset(seq);
+            }
+            if (c.seq.none()) {
+                c.pos = -1;
+                used--;
+            }
+        }
+    }
+    shrink_extent();
+}
+
+void dspark_kv_cache::seq_cp(int32_t src, int32_t dst, int32_t p0, int32_t p1) {
+    if (src == dst) {
+        return;
+    }
+    for (dspark_kv_cell & c : cells) {
+        if (c.pos >= 0 && c.seq.test(src) && in_range(c.pos, p0, p1)) {
+            c.seq.set(dst);
+        }
+    }
+}
+
+void dspark_kv_cache::seq_keep(int32_t seq) {
+    for (dspark_kv_cell & c : cells) {
+        if (c.pos >= 0 && !c.seq.test(seq)) {
+            c = dspark_kv_cell();
+            used--;
+        } else if (c.pos >= 0) {
+            c.seq.reset();
+            c.seq.set(seq);
+        }
+    }
+    shrink_extent();
+}
+
+void dspark_kv_cache::clear() {
+    cells.assign(n_cells, dspark_kv_cell());
+    used = 0;
+    extent = 0;
+}
+
+int32_t dspark_kv_cache::seq_pos_max(int32_t seq) const {
+    int32_t m = -1;
+    for (uint32_t i = 0; i < extent; ++i) {
+        if (cells[i].pos > m && cells[i].seq.test(seq)) {
+            m = cells[i].pos;
+        }
+    }
+    return m;
+}
+
+int32_t dspark_kv_cache::seq_pos_min(int32_t seq) const {
+    int32_t m = -1;
+    for (uint32_t i = 0; i < extent; ++i) {
+        if (cells[i].pos >= 0 && cells[i].seq.test(seq) && (m < 0 || cells[i].pos < m)) {
+            m = cells[i].pos;
+        }
+    }
+    return m;
+}
+
+void dspark_kv_cache::shrink_extent() {
+    while (extent > 0 && cells[extent - 1].pos < 0) {
+        extent--;
+    }
+}

@@ -1,0 +1,74 @@
+// A KV cache of n_cells cells shared by up to n_seq_max sequences (one unified pool, as in
+// llama.cpp). A cell holds one position's K and V for every layer and the set of sequences that
+// own it; sequences sharing a prompt prefix share its cells (seq_cp copies no data).
+//
+// Cell bookkeeping lives on the host; K and V live in backend tensors, one [n_embd_k, n_cells]
+// (resp. v) matrix per layer, written with ggml_set_rows at the cells chosen for a batch.
+#pragma once
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include <bitset>
+#include <cstdint>
+#include <vector>
+
+constexpr int DSPARK_MAX_SEQ = 256;
+
+struct dspark_kv_cell {
+    int32_t                     pos = -1;  // -1: empty
+    std::bitset<DSPARK_MAX_SEQ> seq;
+};
+
+// How a batch may attend: causal (position <= own) or the whole sequence (draft blocks).
+struct dspark_kv_mask_params {
+    bool    causal = true;
+    int32_t n_swa  = 0;  // > 0: also hide cells with pos_query - pos_key >= n_swa
+};
+
+struct dspark_kv_cache {
+    uint32_t n_cells   = 0;
+    uint32_t n_seq_max = 0;
+    std::vector<dspark_kv_cell> cells;
+    std::vector<ggml_tensor *>  k;  // per layer [n_embd_k, n_cells]
+    std::vector<ggml_tensor *>  v;  // per layer [n_embd_v, n_cells]
+
+    dspark_kv_cache() = default;
+    ~dspark_kv_cache();
+    dspark_kv_cache(const dspark_kv_cache &) = delete;
+    dspark_kv_cache & operator=(const dspark_kv_cache &) = delete;
+
+    void init(ggml_backend_buffer_type_t buft, int n_layer, int64_t n_embd_k, int64_t n_embd_v,
+              ggml_type type, uint32_t n_cells, uint32_t n_seq_max);
+
+    // Choose n free cells (lowest first); false if there are not enough. Changes nothing.
+    bool find_slots(uint32_t n, std::vector<int32_t> & out) const;
+    // Mark the chosen cells as holding (pos[i], seq[i]); release() empties them again.
+    void commit(const std::vector<int32_t> & slots, const int32_t * pos, const int32_t * seq);
+    void release(const std::vector<int32_t> & slots);
+
+    // Number of leading cells attention has to look at (last used cell + 1, padded).
+    uint32_t n_kv() const;
+
+    // Write the attention mask [n_kv, n_tokens] (0 / -inf) for tokens at pos[i] in seq[i].
+    void fill_mask(ggml_fp16_t * out, uint32_t n_kv, int32_t n_tokens, const int32_t * pos,
+                   const int32_t * seq, const dspark_kv_mask_params & mp) const;
+    void fill_mask(float * out, uint32_t n_kv, int32_t n_tokens, const int32_t * pos,
+                   const int32_t * seq, const dspark_kv_mask_params & mp) const;
+
+    // Sequence operations: host bookkeeping only, no graph runs. p1 < 0 means "to the end".
+    void    seq_rm(int32_t seq, int32_t p0, int32_t p1);
+    void    seq_cp(int32_t src, int32_t dst, int32_t p0, int32_t p1);
+    void    seq_keep(int32_t seq);
+    void    clear();
+    int32_t seq_pos_max(int32_t seq) const;  // -1 if empty
+    int32_t seq_pos_min(int32_t seq) const;  // -1 if empty
+    uint32_t n_used() const { return used; }
+
+  private:
+    ggml_context *        ctx = nullptr;
+    ggml_backend_buffer_t buf = nullptr;
+    uint32_t              used = 0;     // non-empty cells
+    uint32_t              extent = 0;   // last non-empty cell + 1 (an upper bound, kept tight)
+    void shrink_extent();
+};

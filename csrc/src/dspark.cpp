@@ -1,0 +1,499 @@
+// The C API: every exported function validates its arguments, runs the C++ core inside a
+// try/catch, records failures as the thread's last error and returns a status or NULL.
+#include "dspark.h"
+
+#include "dspark-backend.h"
+#include "dspark-context.h"
+#include "dspark-gguf.h"
+#include "dspark-impl.h"
+#include "dspark-model.h"
+
+#include <cstring>
+#include <new>
+#include <string>
+
+// Run f(); translate exceptions into a status and the last-error message.
+template <typename F>
+static int32_t guard(F && f) {
+    try {
+        dspark_clear_last_error();
+        return f();
+    } catch (const dspark_error & e) {
+        dspark_set_last_error(e.what(), e.status);
+        return e.status;
+    } catch (const std::bad_alloc &) {
+        dspark_set_last_error("out of memory", DSPARK_STATUS_OUT_OF_MEMORY);
+        return DSPARK_STATUS_OUT_OF_MEMORY;
+    } catch (const std::exception & e) {
+        dspark_set_last_error(std::string("internal error: ") + e.what(), DSPARK_STATUS_INTERNAL);
+        return DSPARK_STATUS_INTERNAL;
+    } catch (...) {
+        dspark_set_last_error("internal error", DSPARK_STATUS_INTERNAL);
+        return DSPARK_STATUS_INTERNAL;
+    }
+}
+
+// The same for functions returning an object: nullptr on failure.
+template <typename T, typename F>
+static T * guard_ptr(F && f) {
+    T * out = nullptr;
+    guard([&]() {
+        out = f();
+        return DSPARK_STATUS_OK;
+    });
+    return out;
+}
+
+// ---- library ----------------------------------------------------------------------------------
+
+const char * dspark_version(void) {
+    return DSPARK_VERSION_STRING;
+}
+
+const char * dspark_status_str(int32_t status) {
+    switch (status) {
+        case DSPARK_STATUS_OK:               return "ok";
+        case DSPARK_STATUS_INVALID_ARGUMENT: return "invalid argument";
+        case DSPARK_STATUS_IO:               return "I/O error";
+        case DSPARK_STATUS_BAD_FORMAT:       return "bad file format";
+        case DSPARK_STATUS_UNSUPPORTED:      return "unsupported";
+        case DSPARK_STATUS_OUT_OF_MEMORY:    return "out of memory";
+        case DSPARK_STATUS_CONTEXT_FULL:     return "context full";
+        case DSPARK_STATUS_ABORTED:          return "aborted";
+        case DSPARK_STATUS_INTERNAL:         return "internal error";
+        default:                             return "unknown status";
+    }
+}
+
+const char * dspark_last_error(void) {
+    return dspark_get_last_error();
+}
+
+int32_t dspark_last_status(void) {
+    return dspark_get_last_status();
+}
+
+int32_t dspark_backend_load_all(const char * dir) {
+    return guard([&]() {
+        dspark_backends_load(dir ? dir : "");
+        return DSPARK_STATUS_OK;
+    });
+}
+
+const char * dspark_system_info(void) {
+    static std::string info;
+    guard([&]() {
+        dspark_backends_load();
+        std::string s = "ggml " + std::string(ggml_version()) + " (" + ggml_commit() + ")";
+        for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+            ggml_backend_reg_t reg = ggml_backend_reg_get(i);
+            s += std::string(i ? ", " : "; backends: ") + ggml_backend_reg_name(reg);
+            auto get_features = (ggml_backend_get_features_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features");
+            if (get_features) {
+                std::string feats;
+                for (ggml_backend_feature * f = get_features(reg); f && f->name; ++f) {
+                    feats += std::string(feats.empty() ? "" : " ") + f->name + (strcmp(f->value, "1") ? std::string("=") + f->value : "");
+                }
+                if (!feats.empty()) {
+                    s += " [" + feats + "]";
+                }
+            }
+        }
+        info = s;
+        return DSPARK_STATUS_OK;
+    });
+    return info.c_str();
+}
+
+// ---- devices -----------------------------------------------------------------------------------
+
+int32_t dspark_device_count(void) {
+    int32_t n = 0;
+    guard([&]() {
+        n = dspark_device_count_all();
+        return DSPARK_STATUS_OK;
+    });
+    return n;
+}
+
+const char * dspark_device_name(int32_t index) {
+    ggml_backend_dev_t dev = dspark_device_get(index);
+    return dev ? ggml_backend_dev_name(dev) : nullptr;
+}
+
+const char * dspark_device_description(int32_t index) {
+    ggml_backend_dev_t dev = dspark_device_get(index);
+    return dev ? ggml_backend_dev_description(dev) : nullptr;
+}
+
+int32_t dspark_device_type(int32_t index) {
+    ggml_backend_dev_t dev = dspark_device_get(index);
+    if (!dev) {
+        dspark_set_last_error(dspark_format("device index %d out of range", index));
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    switch (ggml_backend_dev_type(dev)) {
+        case GGML_BACKEND_DEVICE_TYPE_CPU:  return DSPARK_DEVICE_TYPE_CPU;
+        case GGML_BACKEND_DEVICE_TYPE_GPU:  return DSPARK_DEVICE_TYPE_GPU;
+        case GGML_BACKEND_DEVICE_TYPE_IGPU: return DSPARK_DEVICE_TYPE_IGPU;
+        default:                            return DSPARK_DEVICE_TYPE_ACCEL;
+    }
+}
+
+int32_t dspark_device_memory(int32_t index, size_t * free_bytes, size_t * total_bytes) {
+    ggml_backend_dev_t dev = dspark_device_get(index);
+    if (!dev) {
+        dspark_set_last_error(dspark_format("device index %d out of range", index));
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    size_t fr = 0, tot = 0;
+    ggml_backend_dev_memory(dev, &fr, &tot);
+    if (free_bytes) *free_bytes = fr;
+    if (total_bytes) *total_bytes = tot;
+    return DSPARK_STATUS_OK;
+}
+
+// ---- GGUF files ----------------------------------------------------------------------------------
+
+struct dspark_gguf * dspark_gguf_open(const char * path) {
+    if (!path) {
+        dspark_set_last_error("dspark_gguf_open: path is NULL");
+        return nullptr;
+    }
+    return guard_ptr<dspark_gguf>([&]() {
+        dspark_backends_load();  // installs the ggml log hook that captures format errors
+        return new dspark_gguf(path);
+    });
+}
+
+void dspark_gguf_close(struct dspark_gguf * gguf) {
+    delete gguf;
+}
+
+static bool kv_ok(const dspark_gguf * g, int64_t i) {
+    if (!g) {
+        dspark_set_last_error("gguf handle is NULL");
+        return false;
+    }
+    if (i < 0 || i >= gguf_get_n_kv(g->gguf)) {
+        dspark_set_last_error(dspark_format("%s: metadata index %lld out of range", g->path.c_str(), (long long) i));
+        return false;
+    }
+    return true;
+}
+
+static bool tensor_ok(const dspark_gguf * g, int64_t i) {
+    if (!g) {
+        dspark_set_last_error("gguf handle is NULL");
+        return false;
+    }
+    if (i < 0 || i >= g->n_tensors()) {
+        dspark_set_last_error(dspark_format("%s: tensor index %lld out of range", g->path.c_str(), (long long) i));
+        return false;
+    }
+    return true;
+}
+
+uint64_t dspark_gguf_file_size(const struct dspark_gguf * g) { return g ? g->file_size : 0; }
+uint32_t dspark_gguf_version(const struct dspark_gguf * g) { return g ? gguf_get_version(g->gguf) : 0; }
+int64_t  dspark_gguf_n_kv(const struct dspark_gguf * g) { return g ? gguf_get_n_kv(g->gguf) : 0; }
+
+int64_t dspark_gguf_find_key(const struct dspark_gguf * g, const char * key) {
+    return g && key ? gguf_find_key(g->gguf, key) : -1;
+}
+
+const char * dspark_gguf_key(const struct dspark_gguf * g, int64_t i) {
+    return kv_ok(g, i) ? gguf_get_key(g->gguf, i) : nullptr;
+}
+
+int32_t dspark_gguf_kv_type(const struct dspark_gguf * g, int64_t i) {
+    return kv_ok(g, i) ? (int32_t) gguf_get_kv_type(g->gguf, i) : DSPARK_STATUS_INVALID_ARGUMENT;
+}
+
+int32_t dspark_gguf_arr_type(const struct dspark_gguf * g, int64_t i) {
+    if (!kv_ok(g, i)) return DSPARK_STATUS_INVALID_ARGUMENT;
+    if (gguf_get_kv_type(g->gguf, i) != GGUF_TYPE_ARRAY) {
+        dspark_set_last_error(dspark_format("%s: key '%s' is not an array", g->path.c_str(), gguf_get_key(g->gguf, i)));
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return (int32_t) gguf_get_arr_type(g->gguf, i);
+}
+
+int64_t dspark_gguf_arr_n(const struct dspark_gguf * g, int64_t i) {
+    if (!kv_ok(g, i) || gguf_get_kv_type(g->gguf, i) != GGUF_TYPE_ARRAY) return -1;
+    return (int64_t) gguf_get_arr_n(g->gguf, i);
+}
+
+int32_t dspark_gguf_get_int(const struct dspark_gguf * g, int64_t i, int64_t * out) {
+    if (!kv_ok(g, i)) return DSPARK_STATUS_INVALID_ARGUMENT;
+    return guard([&]() {
+        *out = g->get_int(gguf_get_key(g->gguf, i));
+        return DSPARK_STATUS_OK;
+    });
+}
+
+int32_t dspark_gguf_get_float(const struct dspark_gguf * g, int64_t i, double * out) {
+    if (!kv_ok(g, i)) return DSPARK_STATUS_INVALID_ARGUMENT;
+    return guard([&]() {
+        *out = g->get_float(gguf_get_key(g->gguf, i));
+        return DSPARK_STATUS_OK;
+    });
+}
+
+const char * dspark_gguf_get_str(const struct dspark_gguf * g, int64_t i) {
+    if (!kv_ok(g, i)) return nullptr;
+    if (gguf_get_kv_type(g->gguf, i) != GGUF_TYPE_STRING) {
+        dspark_set_last_error(dspark_format("%s: key '%s' is not a string", g->path.c_str(), gguf_get_key(g->gguf, i)));
+        return nullptr;
+    }
+    return gguf_get_val_str(g->gguf, i);
+}
+
+const void * dspark_gguf_get_arr_data(const struct dspark_gguf * g, int64_t i) {
+    if (!kv_ok(g, i)) return nullptr;
+    if (gguf_get_kv_type(g->gguf, i) != GGUF_TYPE_ARRAY || gguf_get_arr_type(g->gguf, i) == GGUF_TYPE_STRING ||
+        gguf_get_arr_type(g->gguf, i) == GGUF_TYPE_ARRAY) {
+        dspark_set_last_error(dspark_format("%s: key '%s' is not a numeric array", g->path.c_str(), gguf_get_key(g->gguf, i)));
+        return nullptr;
+    }
+    return gguf_get_arr_data(g->gguf, i);
+}
+
+const char * dspark_gguf_get_arr_str(const struct dspark_gguf * g, int64_t i, int64_t j) {
+    if (!kv_ok(g, i)) return nullptr;
+    if (gguf_get_kv_type(g->gguf, i) != GGUF_TYPE_ARRAY || gguf_get_arr_type(g->gguf, i) != GGUF_TYPE_STRING) {
+        dspark_set_last_error(dspark_format("%s: key '%s' is not a string array", g->path.c_str(), gguf_get_key(g->gguf, i)));
+        return nullptr;
+    }
+    if (j < 0 || j >= (int64_t) gguf_get_arr_n(g->gguf, i)) {
+        dspark_set_last_error(dspark_format("%s: index %lld out of range", g->path.c_str(), (long long) j));
+        return nullptr;
+    }
+    return gguf_get_arr_str(g->gguf, i, (size_t) j);
+}
+
+int64_t dspark_gguf_n_tensors(const struct dspark_gguf * g) { return g ? g->n_tensors() : 0; }
+
+int64_t dspark_gguf_find_tensor(const struct dspark_gguf * g, const char * name) {
+    return g && name ? gguf_find_tensor(g->gguf, name) : -1;
+}
+
+const char * dspark_gguf_tensor_name(const struct dspark_gguf * g, int64_t i) {
+    return tensor_ok(g, i) ? gguf_get_tensor_name(g->gguf, i) : nullptr;
+}
+
+const char * dspark_gguf_tensor_type(const struct dspark_gguf * g, int64_t i) {
+    return tensor_ok(g, i) ? ggml_type_name(gguf_get_tensor_type(g->gguf, i)) : nullptr;
+}
+
+int32_t dspark_gguf_tensor_n_dims(const struct dspark_gguf * g, int64_t i) {
+    return tensor_ok(g, i) ? ggml_n_dims(g->tensor(i)) : DSPARK_STATUS_INVALID_ARGUMENT;
+}
+
+int64_t dspark_gguf_tensor_ne(const struct dspark_gguf * g, int64_t i, int32_t dim) {
+    if (!tensor_ok(g, i)) return -1;
+    if (dim < 0 || dim >= GGML_MAX_DIMS) {
+        dspark_set_last_error(dspark_format("dimension %d out of range", dim));
+        return -1;
+    }
+    return g->tensor(i)->ne[dim];
+}
+
+uint64_t dspark_gguf_tensor_offset(const struct dspark_gguf * g, int64_t i) {
+    return tensor_ok(g, i) ? g->tensor_file_offset(i) : 0;
+}
+
+uint64_t dspark_gguf_tensor_nbytes(const struct dspark_gguf * g, int64_t i) {
+    return tensor_ok(g, i) ? gguf_get_tensor_size(g->gguf, i) : 0;
+}
+
+// ---- models -------------------------------------------------------------------------------------
+
+struct dspark_model_params dspark_model_default_params(void) {
+    dspark_model_params p;
+    p.device   = -1;
+    p.use_mmap = true;
+    return p;
+}
+
+struct dspark_model * dspark_model_load_from_file(const char * path, const struct dspark_model_params * params) {
+    if (!path) {
+        dspark_set_last_error("dspark_model_load_from_file: path is NULL");
+        return nullptr;
+    }
+    const dspark_model_params p = params ? *params : dspark_model_default_params();
+    return guard_ptr<dspark_model>([&]() {
+        dspark_backends_load();
+        return dspark_model_load_target(path, p);
+    });
+}
+
+void dspark_model_free(struct dspark_model * model) {
+    delete model;
+}
+
+const struct dspark_gguf * dspark_model_gguf(const struct dspark_model * m) {
+    return m ? &m->file() : nullptr;
+}
+
+const char * dspark_model_arch(const struct dspark_model * m) { return m ? m->arch.c_str() : nullptr; }
+
+const char * dspark_model_device(const struct dspark_model * m) {
+    return m && m->device() ? ggml_backend_dev_name(m->device()) : nullptr;
+}
+
+#define TARGET_HP(m, field) ((m) && (m)->target ? (int32_t) (m)->target->hp.field : 0)
+
+int32_t dspark_model_n_vocab(const struct dspark_model * m)     { return TARGET_HP(m, n_vocab); }
+int32_t dspark_model_n_embd(const struct dspark_model * m)      { return TARGET_HP(m, n_embd); }
+int32_t dspark_model_n_layer(const struct dspark_model * m)     { return TARGET_HP(m, n_layer); }
+int32_t dspark_model_n_head(const struct dspark_model * m)      { return TARGET_HP(m, n_head); }
+int32_t dspark_model_n_head_kv(const struct dspark_model * m)   { return TARGET_HP(m, n_head_kv); }
+int32_t dspark_model_n_ctx_train(const struct dspark_model * m) { return TARGET_HP(m, n_ctx_train); }
+uint64_t dspark_model_n_params(const struct dspark_model * m)   { return m ? m->weights->n_params : 0; }
+uint64_t dspark_model_size(const struct dspark_model * m)       { return m ? m->weights->n_bytes : 0; }
+
+// ---- contexts ------------------------------------------------------------------------------------
+
+struct dspark_context_params dspark_context_default_params(void) {
+    dspark_context_params p;
+    p.n_ctx                 = 0;
+    p.n_batch               = 512;
+    p.n_seq_max             = 1;
+    p.n_outputs_max_per_seq = 0;
+    p.n_threads             = 0;
+    p.type_kv               = DSPARK_KV_TYPE_F16;
+    p.flash_attn            = DSPARK_FLASH_ATTN_AUTO;
+    return p;
+}
+
+struct dspark_context * dspark_context_init(struct dspark_model * model, const struct dspark_context_params * params) {
+    if (!model) {
+        dspark_set_last_error("dspark_context_init: model is NULL");
+        return nullptr;
+    }
+    const dspark_context_params p = params ? *params : dspark_context_default_params();
+    return guard_ptr<dspark_context>([&]() { return new dspark_context(*model, p); });
+}
+
+void dspark_context_free(struct dspark_context * ctx) {
+    delete ctx;
+}
+
+void dspark_context_get_params(const struct dspark_context * ctx, struct dspark_context_params * out) {
+    if (ctx && out) {
+        *out = ctx->params;
+    }
+}
+
+int32_t dspark_context_set_threads(struct dspark_context * ctx, int32_t n_threads) {
+    if (!ctx || n_threads < 1) {
+        dspark_set_last_error("dspark_context_set_threads: need a context and n_threads >= 1");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    ctx->params.n_threads = n_threads;
+    ctx->compute.set_threads(n_threads);
+    return DSPARK_STATUS_OK;
+}
+
+void dspark_context_set_abort_callback(struct dspark_context * ctx, dspark_abort_callback callback, void * user_data) {
+    if (ctx) {
+        ctx->compute.set_abort(callback, user_data);
+    }
+}
+
+int32_t dspark_set_capture_layers(struct dspark_context * ctx, const int32_t * layer_ids, int32_t n) {
+    if (!ctx || n < 0 || (n > 0 && !layer_ids)) {
+        dspark_set_last_error("dspark_set_capture_layers: need a context and n >= 0 layer ids");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard([&]() {
+        ctx->set_capture(std::vector<int32_t>(layer_ids, layer_ids + n));
+        return DSPARK_STATUS_OK;
+    });
+}
+
+int32_t dspark_decode(struct dspark_context * ctx, const struct dspark_batch * batch) {
+    if (!ctx || !batch) {
+        dspark_set_last_error("dspark_decode: context and batch are required");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard([&]() {
+        ctx->decode(*batch);
+        return DSPARK_STATUS_OK;
+    });
+}
+
+int32_t dspark_n_outputs(const struct dspark_context * ctx) {
+    return ctx ? ctx->n_outputs : 0;
+}
+
+const float * dspark_get_logits(const struct dspark_context * ctx) {
+    return ctx ? ctx->logits.data() : nullptr;
+}
+
+const float * dspark_get_captured(const struct dspark_context * ctx, int32_t * n_tokens, int32_t * width) {
+    if (!ctx) {
+        return nullptr;
+    }
+    if (n_tokens) *n_tokens = ctx->n_captured;
+    if (width) *width = (int32_t) (ctx->capture.size() * ctx->hp().n_embd);
+    return ctx->captured.data();
+}
+
+static int32_t check_seq(const dspark_context * ctx, dspark_seq_id seq, bool allow_all) {
+    if (!ctx) {
+        dspark_set_last_error("context is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    if ((allow_all && seq < -1) || (!allow_all && seq < 0) || seq >= (int32_t) ctx->params.n_seq_max) {
+        dspark_set_last_error(dspark_format("sequence id %d out of range (0 .. %u)", seq, ctx->params.n_seq_max - 1));
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return DSPARK_STATUS_OK;
+}
+
+int32_t dspark_kv_seq_rm(struct dspark_context * ctx, dspark_seq_id seq, dspark_pos p0, dspark_pos p1) {
+    const int32_t st = check_seq(ctx, seq, true);
+    if (st == DSPARK_STATUS_OK) {
+        ctx->kv.seq_rm(seq, std::max(p0, 0), p1);
+    }
+    return st;
+}
+
+int32_t dspark_kv_seq_cp(struct dspark_context * ctx, dspark_seq_id src, dspark_seq_id dst, dspark_pos p0, dspark_pos p1) {
+    int32_t st = check_seq(ctx, src, false);
+    if (st == DSPARK_STATUS_OK) {
+        st = check_seq(ctx, dst, false);
+    }
+    if (st == DSPARK_STATUS_OK) {
+        ctx->kv.seq_cp(src, dst, std::max(p0, 0), p1);
+    }
+    return st;
+}
+
+int32_t dspark_kv_seq_keep(struct dspark_context * ctx, dspark_seq_id seq) {
+    const int32_t st = check_seq(ctx, seq, false);
+    if (st == DSPARK_STATUS_OK) {
+        ctx->kv.seq_keep(seq);
+    }
+    return st;
+}
+
+void dspark_kv_clear(struct dspark_context * ctx) {
+    if (ctx) {
+        ctx->kv.clear();
+    }
+}
+
+dspark_pos dspark_kv_seq_pos_max(const struct dspark_context * ctx, dspark_seq_id seq) {
+    return check_seq(ctx, seq, false) == DSPARK_STATUS_OK ? ctx->kv.seq_pos_max(seq) : -1;
+}
+
+dspark_pos dspark_kv_seq_pos_min(const struct dspark_context * ctx, dspark_seq_id seq) {
+    return check_seq(ctx, seq, false) == DSPARK_STATUS_OK ? ctx->kv.seq_pos_min(seq) : -1;
+}
+
+int32_t dspark_kv_n_used(const struct dspark_context * ctx) {
+    return ctx ? (int32_t) ctx->kv.n_used() : 0;
+}

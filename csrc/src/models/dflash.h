@@ -1,0 +1,4 @@
+// DFlash / DSpark draft models (GGUF arch "dflash").
+#pragma once
+
+struct dflash_model {};

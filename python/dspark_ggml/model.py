@@ -1,0 +1,100 @@
+"""Models loaded by the C core: targets (qwen3, llama, qwen2) and DFlash/DSpark drafts."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import _lib
+from .gguf_file import GGUFFile
+
+
+class Model:
+    """A target model loaded from a GGUF file, with its weights on a device.
+
+    Args:
+        path: the GGUF file.
+        device: device index (see :func:`dspark_ggml.devices`); -1 (default) picks the first GPU if
+            there is one, else the CPU.
+        use_mmap: compute from the memory-mapped file without copying (CPU). Default True.
+
+    Raises:
+        FileAccessError, FileFormatError, UnsupportedError: naming the file and the problem.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, device: int = -1, use_mmap: bool = True) -> None:
+        self.path = os.fspath(path)
+        lib, ffi = _lib.lib(), _lib.ffi()
+        params = ffi.new("struct dspark_model_params *", lib.dspark_model_default_params())
+        params.device = device
+        params.use_mmap = use_mmap
+        self._handle: Any = _lib.check_ptr(lib.dspark_model_load_from_file(self.path.encode(), params))
+        self.gguf = GGUFFile._borrow(lib.dspark_model_gguf(self._handle), self.path)
+
+    def close(self) -> None:
+        """Free the weights. Contexts made from this model must be closed first."""
+        if getattr(self, "_handle", None) is not None:
+            _lib.lib().dspark_model_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            raise ValueError("the model is closed")
+        return self._handle
+
+    @property
+    def arch(self) -> str:
+        return _lib.to_str(_lib.lib().dspark_model_arch(self.handle)) or ""
+
+    @property
+    def device(self) -> str:
+        return _lib.to_str(_lib.lib().dspark_model_device(self.handle)) or ""
+
+    @property
+    def n_vocab(self) -> int:
+        return int(_lib.lib().dspark_model_n_vocab(self.handle))
+
+    @property
+    def n_embd(self) -> int:
+        return int(_lib.lib().dspark_model_n_embd(self.handle))
+
+    @property
+    def n_layer(self) -> int:
+        return int(_lib.lib().dspark_model_n_layer(self.handle))
+
+    @property
+    def n_head(self) -> int:
+        return int(_lib.lib().dspark_model_n_head(self.handle))
+
+    @property
+    def n_head_kv(self) -> int:
+        return int(_lib.lib().dspark_model_n_head_kv(self.handle))
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(_lib.lib().dspark_model_n_ctx_train(self.handle))
+
+    @property
+    def n_params(self) -> int:
+        return int(_lib.lib().dspark_model_n_params(self.handle))
+
+    @property
+    def size(self) -> int:
+        """Bytes of weights."""
+        return int(_lib.lib().dspark_model_size(self.handle))
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self.gguf.metadata
+
+    def __repr__(self) -> str:
+        return f"Model({self.path!r}, arch={self.arch!r}, n_layer={self.n_layer}, n_embd={self.n_embd})"

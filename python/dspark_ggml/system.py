@@ -1,0 +1,40 @@
+"""The linked ggml build and its devices."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _lib
+
+_DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+
+
+@dataclass(frozen=True)
+class Device:
+    index: int
+    name: str
+    description: str
+    type: str
+    memory_free: int
+    memory_total: int
+
+
+def devices() -> list[Device]:
+    """Every device ggml offers in this build, in registry order (the index used by ``device=``)."""
+    lib, ffi = _lib.lib(), _lib.ffi()
+    out = []
+    for i in range(lib.dspark_device_count()):
+        free, total = ffi.new("size_t *"), ffi.new("size_t *")
+        _lib.check(lib.dspark_device_memory(i, free, total))
+        out.append(Device(i, _lib.to_str(lib.dspark_device_name(i)) or "",
+                          _lib.to_str(lib.dspark_device_description(i)) or "",
+                          _DEVICE_TYPES.get(lib.dspark_device_type(i), "?"), int(free[0]), int(total[0])))
+    return out
+
+
+def system_info() -> str:
+    """ggml version, backends and CPU features of the linked build."""
+    return _lib.to_str(_lib.lib().dspark_system_info()) or ""
+
+
+def library_version() -> str:
+    return _lib.to_str(_lib.lib().dspark_version()) or ""
