@@ -8,7 +8,11 @@
 #include "dspark-impl.h"
 #include "dspark-model.h"
 
+#include <algorithm>
+#include <iterator>
+
 #include <cstring>
+#include <strings.h>
 #include <new>
 #include <string>
 
@@ -103,6 +107,68 @@ const char * dspark_system_info(void) {
         return DSPARK_STATUS_OK;
     });
     return info.c_str();
+}
+
+// ---- quantization ----------------------------------------------------------------------------
+
+static ggml_type type_by_name(const char * name, int64_t n_per_row) {
+    if (name) {
+        for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
+            const char * tn = ggml_type_name((ggml_type) t);
+            if (tn && ggml_get_type_traits((ggml_type) t)->blck_size > 0 && strcasecmp(tn, name) == 0) {
+                if (n_per_row % ggml_blck_size((ggml_type) t) != 0) {
+                    dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "type %s needs rows of a multiple of %lld values, got %lld",
+                                 name, (long long) ggml_blck_size((ggml_type) t), (long long) n_per_row);
+                }
+                return (ggml_type) t;
+            }
+        }
+    }
+    dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown ggml type '%s'", name ? name : "(null)");
+}
+
+int64_t dspark_quant_size(const char * type, int64_t n_rows, int64_t n_per_row) {
+    int64_t out = 0;
+    const int32_t st = guard([&]() {
+        out = (int64_t) ggml_row_size(type_by_name(type, n_per_row), n_per_row) * n_rows;
+        return DSPARK_STATUS_OK;
+    });
+    return st < 0 ? st : out;
+}
+
+int64_t dspark_quantize(const char * type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row) {
+    int64_t out = 0;
+    const int32_t st = guard([&]() {
+        const ggml_type t = type_by_name(type, n_per_row);
+        if (!src || !dst || n_rows < 0 || n_per_row <= 0) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_quantize: bad buffers or sizes");
+        }
+        // ggml_quantize_chunk asserts on other types; these need no importance matrix
+        static const ggml_type ok[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+                                       GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
+                                       GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL};
+        if (std::find(std::begin(ok), std::end(ok), t) == std::end(ok) || ggml_quantize_requires_imatrix(t)) {
+            dspark_throw(DSPARK_STATUS_UNSUPPORTED, "quantizing to %s is not supported here", type);
+        }
+        out = (int64_t) ggml_quantize_chunk(t, src, dst, 0, n_rows, n_per_row, nullptr);
+        return DSPARK_STATUS_OK;
+    });
+    return st < 0 ? st : out;
+}
+
+int32_t dspark_dequantize(const char * type, const void * src, float * dst, int64_t n) {
+    return guard([&]() {
+        const ggml_type t = type_by_name(type, n);
+        if (!src || !dst || n < 0) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_dequantize: bad buffers or size");
+        }
+        if (t == GGML_TYPE_F32) {
+            memcpy(dst, src, sizeof(float) * n);
+        } else {
+            ggml_get_type_traits(t)->to_float(src, dst, n);
+        }
+        return DSPARK_STATUS_OK;
+    });
 }
 
 // ---- devices -----------------------------------------------------------------------------------

@@ -1,0 +1,33 @@
+"""Weight (de)quantization with ggml's own kernels: every type the runtime reads, K-quants included."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _lib
+
+
+def quantize(values: np.ndarray, type_name: str) -> np.ndarray:
+    """Quantize the rows of a float array (last axis = row) to ``type_name`` ("q4_k", "q8_0", ...).
+
+    Returns the raw bytes as a uint8 array of shape [..., row bytes], the layout a GGUF stores.
+    """
+    a = np.ascontiguousarray(values, dtype=np.float32)
+    n_per_row = a.shape[-1]
+    n_rows = a.size // n_per_row if n_per_row else 0
+    lib, ffi = _lib.lib(), _lib.ffi()
+    size = _lib.check(lib.dspark_quant_size(type_name.encode(), n_rows, n_per_row))
+    out = np.empty(size, dtype=np.uint8)
+    _lib.check(lib.dspark_quantize(type_name.encode(), ffi.from_buffer("float[]", a),
+                                   ffi.from_buffer("uint8_t[]", out), n_rows, n_per_row))
+    return out.reshape(*a.shape[:-1], size // max(n_rows, 1))
+
+
+def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The float32 values of quantized bytes, reshaped to ``shape`` (last axis = row)."""
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    n = int(np.prod(shape))
+    out = np.empty(n, dtype=np.float32)
+    lib, ffi = _lib.lib(), _lib.ffi()
+    _lib.check(lib.dspark_dequantize(type_name.encode(), ffi.from_buffer("uint8_t[]", raw),
+                                     ffi.from_buffer("float[]", out), n))
+    return out.reshape(shape)

@@ -1,0 +1,724 @@
+"""Tiny random-weight GGUF models: targets (qwen3, llama, qwen2) and DFlash / DSpark drafts.
+
+Used by the tests (small models compared against the numpy references), by the benchmarks (a
+~0.6B-parameter random Qwen3 for speed runs) and by the README.
+
+    from dspark_ggml.tiny import TargetConfig, DraftConfig, write_target, write_draft
+    tw = write_target("t.gguf", TargetConfig(arch="qwen3"), seed=0)
+    dw = write_draft("d.gguf", DraftConfig(kind="dspark", markov_head_type="gated"), TargetConfig(), seed=1)
+
+Weights are drawn one tensor at a time from a numpy Generator seeded with (seed, tensor name), and
+streamed to the file, so a large model never sits in memory as a whole (pass return_weights=False),
+and the same tensor gets the same values whatever else the config adds.
+
+Orientation of the returned weights: every array has the numpy shape gguf-py uses, i.e. the ggml
+`ne` reversed. A ggml matrix {in, out} is a numpy [out, in] array (the nn.Linear layout), so
+`y = W @ x`; `token_embd.weight` {E, V} is [V, E], one row per token id. Quantized tensors are
+returned dequantized: exactly the values the runtime multiplies with. `d2t` is int64.
+
+Storage types: 2-D matrices follow `dtype`; 1-D tensors (norms, biases, scales, rope_freqs) stay
+F32 and `d2t` is I64, as llama.cpp's converter does. A matrix whose row length is not a multiple of
+the quant block size falls back to F16 (e.g. `conf_proj.weight` when E+R is not a multiple of 32).
+"""
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import quants
+
+__all__ = [
+    "TargetConfig",
+    "DraftConfig",
+    "write_target",
+    "write_draft",
+    "read_gguf_weights",
+    "special_token_ids",
+    "llama3_rope_factors",
+    "LLAMA3_ROPE",
+    "MASK_TOKEN",
+]
+
+Weights = Dict[str, np.ndarray]
+RopeScaling = Union[Tuple[str, float], Tuple[str, float, int]]
+
+TARGET_ARCHS = ("qwen3", "llama", "qwen2")
+
+_DTYPES: Dict[str, QT] = {
+    "f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16,
+    "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1,
+    "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K,
+}
+_FILE_TYPES: Dict[str, int] = {
+    "f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+    "q5_0": gguf.LlamaFileType.MOSTLY_Q5_0, "q5_1": gguf.LlamaFileType.MOSTLY_Q5_1,
+    "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M, "q5_k": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+    "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K,
+}
+
+# Logit std of a head is about HEAD_GAIN (hidden RMS ~1 after the final norm): large enough that
+# greedy top-2 gaps are rarely tiny (f16 rounding would flip near-ties), small enough to sample.
+_HEAD_GAIN = 3.0
+_EMBD_STD = 1.0
+
+# llama3-style rope_freqs (TargetConfig.rope_freqs / DraftConfig.rope_freqs): the converter's
+# formula with these constants and original_max_position_embeddings = n_ctx_train.
+LLAMA3_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+MASK_TOKEN = "<|MASK|>"
+_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", MASK_TOKEN)
+_CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+# ------------------------------------------------------------------------------------------------
+# configs
+
+
+@dataclass
+class TargetConfig:
+    """A target LLM. `rope_scaling`: None | ("linear", factor) | ("yarn", factor, orig_ctx)."""
+
+    arch: str = "qwen3"                 # qwen3 | llama | qwen2
+    n_vocab: int = 320                  # >= 260 so the byte-level tokenizer fits
+    n_embd: int = 64
+    n_layer: int = 2
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 128
+    n_ctx_train: int = 2048
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    tied_embeddings: bool = False       # True: no output.weight, the head is token_embd
+    rope_scaling: Optional[RopeScaling] = None
+    rope_freqs: bool = False            # write llama3-style `rope_freqs.weight` {head_dim/2}
+    dtype: str = "f32"
+    with_tokenizer: bool = True         # skipped anyway when n_vocab < 260
+    name: str = ""
+
+    @classmethod
+    def qwen3_0_6b_shape(cls, **overrides: object) -> "TargetConfig":
+        """Qwen3-0.6B's shape (151936 vocab, hidden 1024, 28 layers): ~0.6B random parameters."""
+        base = cls(arch="qwen3", n_vocab=151936, n_embd=1024, n_layer=28, n_head=16, n_head_kv=8,
+                   head_dim=128, n_ff=3072, n_ctx_train=40960, rope_theta=1e6, tied_embeddings=True)
+        return replace(base, **overrides)  # type: ignore[arg-type]
+
+    def validate(self) -> None:
+        if self.arch not in TARGET_ARCHS:
+            raise ValueError(f"arch must be one of {TARGET_ARCHS}, got {self.arch!r}")
+        _check_heads(self.n_head, self.n_head_kv, self.head_dim)
+        _dtype_type(self.dtype)
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling[0]
+            if kind == "linear" and len(self.rope_scaling) == 2:
+                pass
+            elif kind == "yarn" and len(self.rope_scaling) == 3:
+                pass
+            else:
+                raise ValueError(f"rope_scaling must be ('linear', f) or ('yarn', f, orig_ctx), "
+                                 f"got {self.rope_scaling!r}")
+            if float(self.rope_scaling[1]) <= 0:
+                raise ValueError("rope scaling factor must be > 0")
+
+
+@dataclass
+class DraftConfig:
+    """A DFlash / DSpark draft for a given target (n_embd and n_vocab come from the target).
+
+    None fields are filled by `resolve(target_cfg)`: target_layers (evenly spread over 1..n_layer-1),
+    mask_token_id (the target's `<|MASK|>` id = n_vocab-1), rope_theta and n_ctx_train (the
+    target's), confidence_head (True for DSpark, False for DFlash).
+    """
+
+    kind: str = "dspark"                # dspark | dflash (dflash: no Markov head, no confidence)
+    n_layer: int = 1
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 128
+    block_size: int = 4
+    target_layers: Optional[List[int]] = None  # GGUF convention: id L = input of target layer L
+    mask_token_id: Optional[int] = None
+    markov_rank: int = 8
+    markov_head_type: str = "vanilla"   # vanilla | gated | rnn
+    sample_from_anchor: bool = True     # written for every DSpark draft
+    confidence_head: Optional[bool] = None  # conf_proj {E+R,1} + bias {1}; None: True for DSpark
+    draft_vocab: Optional[int] = None   # Vd < V: d2t + output {E,Vd} + markov_w2 {R,Vd}
+    own_embeddings: bool = False        # token_embd {E,V}; else the target's is borrowed
+    own_head: bool = False              # output {E,Vd}; else own token_embd (tied) or the target's
+    shared_kv: bool = False             # no attn_v: V = weightless RMSNorm of the raw K projection
+    causal: Optional[bool] = None       # None: key not written (runtime default: non-causal)
+    fc_scale: bool = False              # fc.scale {1}
+    markov_w2_scale: bool = False       # markov_w2.scale {1}
+    post_norms: bool = False            # blk.N.post_attention_norm / post_ffw_norm
+    layer_output_scale: bool = False    # blk.N.layer_output_scale.weight {1}
+    hidden_activation: Optional[str] = None  # None (SiLU) | "silu" | "gelu" | "gelu_pytorch_tanh"
+    embedding_scale: Optional[float] = None
+    attention_scale: Optional[float] = None  # None: 1/sqrt(head_dim)
+    value_scale: Optional[float] = None
+    sliding_window: int = 0             # > 0: dflash.attention.sliding_window (+ per-layer pattern)
+    sliding_window_pattern: Optional[List[bool]] = None  # None with a window: every layer is SWA
+    rope_theta: Optional[float] = None
+    rope_freqs: bool = False            # llama3-style rope_freqs.weight, as for the target
+    rms_eps: float = 1e-6
+    n_ctx_train: Optional[int] = None
+    dtype: str = "f32"
+    name: str = ""
+
+    @property
+    def is_dspark(self) -> bool:
+        return self.kind == "dspark"
+
+    def resolve(self, target: TargetConfig) -> "DraftConfig":
+        """A copy with every None default filled from the target; validated."""
+        if self.target_layers is not None:
+            layers = list(self.target_layers)
+        else:
+            layers = _default_target_layers(target.n_layer)
+        pattern = self.sliding_window_pattern
+        if self.sliding_window > 0 and pattern is None:
+            pattern = [True] * self.n_layer
+        vd = self.draft_vocab if self.draft_vocab is not None and self.draft_vocab < target.n_vocab else None
+        out = replace(
+            self,
+            target_layers=layers,
+            mask_token_id=self.mask_token_id if self.mask_token_id is not None
+            else special_token_ids(target.n_vocab)[MASK_TOKEN],
+            rope_theta=self.rope_theta if self.rope_theta is not None else target.rope_theta,
+            n_ctx_train=self.n_ctx_train if self.n_ctx_train is not None else target.n_ctx_train,
+            sliding_window_pattern=list(pattern) if pattern is not None else None,
+            draft_vocab=vd,
+            confidence_head=self.confidence_head if self.confidence_head is not None else self.is_dspark,
+        )
+        out._validate(target)
+        return out
+
+    def _validate(self, target: TargetConfig) -> None:
+        target.validate()
+        if self.kind not in ("dspark", "dflash"):
+            raise ValueError(f"kind must be 'dspark' or 'dflash', got {self.kind!r}")
+        _check_heads(self.n_head, self.n_head_kv, self.head_dim)
+        _dtype_type(self.dtype)
+        if self.markov_head_type not in ("vanilla", "gated", "rnn"):
+            raise ValueError(f"markov_head_type must be vanilla|gated|rnn, got {self.markov_head_type!r}")
+        if self.is_dspark and self.markov_rank <= 0:
+            raise ValueError("a DSpark draft needs markov_rank > 0")
+        if self.confidence_head and not self.is_dspark:
+            raise ValueError("the confidence head needs the Markov head (kind='dspark')")
+        if self.block_size <= 0:
+            raise ValueError("block_size must be > 0")
+        if not self.target_layers or any(not 0 <= i <= target.n_layer for i in self.target_layers):
+            raise ValueError(f"target_layers must be non-empty ids in 0..{target.n_layer}")
+        assert self.mask_token_id is not None
+        if not 0 <= self.mask_token_id < target.n_vocab:
+            raise ValueError("mask_token_id out of the target vocabulary")
+        if self.draft_vocab is not None:
+            if self.draft_vocab <= 0:
+                raise ValueError("draft_vocab must be > 0")
+            if not self.own_head:
+                raise ValueError("a reduced draft vocabulary needs its own head (own_head=True)")
+        if self.hidden_activation not in (None, "silu", "gelu", "gelu_pytorch_tanh"):
+            raise ValueError(f"unsupported hidden_activation {self.hidden_activation!r}")
+        if self.sliding_window > 0:
+            if self.sliding_window_pattern is None or len(self.sliding_window_pattern) != self.n_layer:
+                raise ValueError("sliding_window_pattern needs one bool per draft layer")
+
+
+def _check_heads(n_head: int, n_head_kv: int, head_dim: int) -> None:
+    if n_head <= 0 or n_head_kv <= 0 or n_head % n_head_kv != 0:
+        raise ValueError(f"n_head ({n_head}) must be a positive multiple of n_head_kv ({n_head_kv})")
+    if head_dim <= 0 or head_dim % 2 != 0:
+        raise ValueError(f"head_dim must be even and > 0, got {head_dim}")
+
+
+def _default_target_layers(n_layer: int) -> List[int]:
+    """Up to 3 ids spread over 1..n_layer-1 (0 is the raw embedding; n_layer is not captured by qwen3)."""
+    if n_layer < 2:
+        return [0]
+    ids = np.linspace(1, n_layer - 1, num=min(3, n_layer - 1)).round().astype(int)
+    return sorted(set(int(i) for i in ids))
+
+
+def special_token_ids(n_vocab: int) -> Dict[str, int]:
+    """Ids of the special tokens: the last four of the vocabulary, whether or not a tokenizer is written."""
+    return {tok: n_vocab - len(_SPECIAL_TOKENS) + i for i, tok in enumerate(_SPECIAL_TOKENS)}
+
+
+def llama3_rope_factors(head_dim: int, rope_theta: float, original_ctx: int,
+                        factor: float = 8.0, low_freq_factor: float = 1.0,
+                        high_freq_factor: float = 4.0) -> np.ndarray:
+    """Per-pair frequency divisors [head_dim/2] of llama3 rope scaling (ggml divides theta by them)."""
+    inv_freq = rope_theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen = original_ctx / low_freq_factor      # longer than this: fully interpolated
+    high_wavelen = original_ctx / high_freq_factor    # shorter than this: untouched
+    smooth = (original_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    mid = 1.0 / ((1.0 - smooth) / factor + smooth)
+    out = np.where(wavelen < high_wavelen, 1.0, np.where(wavelen > low_wavelen, factor, mid))
+    return out.astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# tensor plan: what to write, and how to draw it
+
+
+Init = Callable[[np.random.Generator, Tuple[int, ...]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class _Tensor:
+    name: str
+    shape: Tuple[int, ...]   # numpy shape (ggml ne reversed)
+    init: Init
+    matrix: bool = False     # a 2-D weight stored in cfg.dtype; everything else F32 (or I64)
+
+
+def _normal(std: float) -> Init:
+    """Zero-mean values of the given std. Uniform rather than Gaussian: numpy draws uniform float32
+    about 3x faster, which is most of the time spent writing a 0.6B-parameter model."""
+    def draw(rng: np.random.Generator, shape: Tuple[int, ...]) -> np.ndarray:
+        x = rng.random(shape, dtype=np.float32)
+        x -= np.float32(0.5)
+        x *= np.float32(std * math.sqrt(12.0))
+        return x
+    return draw
+
+
+def _linear(gain: float = 1.0) -> Init:
+    """std = gain / sqrt(fan_in): outputs keep the scale of a unit-RMS input."""
+    return lambda rng, shape: _normal(gain / math.sqrt(shape[-1]))(rng, shape)
+
+
+def _norm_weight() -> Init:
+    return lambda rng, shape: 1.0 + _normal(0.1)(rng, shape)
+
+
+def _bias(std: float = 0.05) -> Init:
+    return _normal(std)
+
+
+def _uniform(lo: float, hi: float) -> Init:
+    return lambda rng, shape: rng.uniform(lo, hi, size=shape).astype(np.float32)
+
+
+def _fixed(values: np.ndarray) -> Init:
+    return lambda rng, shape: values.reshape(shape)
+
+
+def _target_tensors(cfg: TargetConfig) -> List[_Tensor]:
+    E, V, F, D = cfg.n_embd, cfg.n_vocab, cfg.n_ff, cfg.head_dim
+    q_dim, kv_dim = cfg.n_head * D, cfg.n_head_kv * D
+    out = [_Tensor("token_embd.weight", (V, E), _normal(_EMBD_STD), matrix=True)]
+    if cfg.rope_freqs:
+        factors = llama3_rope_factors(D, cfg.rope_theta, cfg.n_ctx_train, **LLAMA3_ROPE)
+        out.append(_Tensor("rope_freqs.weight", (D // 2,), _fixed(factors)))
+    for i in range(cfg.n_layer):
+        p = f"blk.{i}."
+        out += [
+            _Tensor(p + "attn_norm.weight", (E,), _norm_weight()),
+            _Tensor(p + "attn_q.weight", (q_dim, E), _linear(), matrix=True),
+            _Tensor(p + "attn_k.weight", (kv_dim, E), _linear(), matrix=True),
+            _Tensor(p + "attn_v.weight", (kv_dim, E), _linear(), matrix=True),
+        ]
+        if cfg.arch == "qwen2":
+            out += [_Tensor(p + f"attn_{x}.bias", (n,), _bias())
+                    for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
+        if cfg.arch == "qwen3":
+            out += [_Tensor(p + "attn_q_norm.weight", (D,), _norm_weight()),
+                    _Tensor(p + "attn_k_norm.weight", (D,), _norm_weight())]
+        out += [
+            _Tensor(p + "attn_output.weight", (E, q_dim), _linear(), matrix=True),
+            _Tensor(p + "ffn_norm.weight", (E,), _norm_weight()),
+            _Tensor(p + "ffn_gate.weight", (F, E), _linear(), matrix=True),
+            _Tensor(p + "ffn_up.weight", (F, E), _linear(), matrix=True),
+            _Tensor(p + "ffn_down.weight", (E, F), _linear(), matrix=True),
+        ]
+    out.append(_Tensor("output_norm.weight", (E,), _norm_weight()))
+    if not cfg.tied_embeddings:
+        out.append(_Tensor("output.weight", (V, E), _linear(_HEAD_GAIN), matrix=True))
+    return out
+
+
+def _draft_tensors(cfg: DraftConfig, target: TargetConfig, seed: int) -> List[_Tensor]:
+    E, V, F, D = target.n_embd, target.n_vocab, cfg.n_ff, cfg.head_dim
+    Vd = cfg.draft_vocab if cfg.draft_vocab is not None else V
+    R = cfg.markov_rank
+    q_dim, kv_dim = cfg.n_head * D, cfg.n_head_kv * D
+    assert cfg.target_layers is not None and cfg.rope_theta is not None and cfg.n_ctx_train is not None
+    out: List[_Tensor] = []
+    if cfg.own_embeddings:
+        out.append(_Tensor("token_embd.weight", (V, E), _normal(_EMBD_STD), matrix=True))
+    if cfg.own_head:
+        out.append(_Tensor("output.weight", (Vd, E), _linear(_HEAD_GAIN), matrix=True))
+    out.append(_Tensor("fc.weight", (E, len(cfg.target_layers) * E), _linear(), matrix=True))
+    if cfg.fc_scale:
+        out.append(_Tensor("fc.scale", (1,), _uniform(0.5, 1.5)))
+    out += [_Tensor("enc.output_norm.weight", (E,), _norm_weight()),
+            _Tensor("output_norm.weight", (E,), _norm_weight())]
+    if cfg.rope_freqs:
+        factors = llama3_rope_factors(D, cfg.rope_theta, cfg.n_ctx_train, **LLAMA3_ROPE)
+        out.append(_Tensor("rope_freqs.weight", (D // 2,), _fixed(factors)))
+    for i in range(cfg.n_layer):
+        out += _draft_layer_tensors(cfg, f"blk.{i}.", E, F, D, q_dim, kv_dim)
+    if cfg.is_dspark:
+        out += _markov_tensors(cfg, E, V, Vd, R)
+    if cfg.draft_vocab is not None:
+        # absolute target ids of the draft rows: a sorted random subset (the converter's layout)
+        ids = np.sort(np.random.default_rng([seed, zlib.crc32(b"d2t")]).choice(V, Vd, replace=False))
+        out.append(_Tensor("d2t", (Vd,), _fixed(ids.astype(np.int64))))
+    return out
+
+
+def _draft_layer_tensors(cfg: DraftConfig, p: str, E: int, F: int, D: int,
+                         q_dim: int, kv_dim: int) -> List[_Tensor]:
+    out = [
+        _Tensor(p + "attn_norm.weight", (E,), _norm_weight()),
+        _Tensor(p + "attn_q.weight", (q_dim, E), _linear(), matrix=True),
+        _Tensor(p + "attn_k.weight", (kv_dim, E), _linear(), matrix=True),
+    ]
+    if not cfg.shared_kv:
+        out.append(_Tensor(p + "attn_v.weight", (kv_dim, E), _linear(), matrix=True))
+    out += [
+        _Tensor(p + "attn_output.weight", (E, q_dim), _linear(), matrix=True),
+        _Tensor(p + "attn_q_norm.weight", (D,), _norm_weight()),
+        _Tensor(p + "attn_k_norm.weight", (D,), _norm_weight()),
+    ]
+    if cfg.post_norms:
+        out += [_Tensor(p + "post_attention_norm.weight", (E,), _norm_weight()),
+                _Tensor(p + "post_ffw_norm.weight", (E,), _norm_weight())]
+    if cfg.layer_output_scale:
+        out.append(_Tensor(p + "layer_output_scale.weight", (1,), _uniform(0.5, 1.5)))
+    out += [
+        _Tensor(p + "ffn_norm.weight", (E,), _norm_weight()),
+        _Tensor(p + "ffn_gate.weight", (F, E), _linear(), matrix=True),
+        _Tensor(p + "ffn_up.weight", (F, E), _linear(), matrix=True),
+        _Tensor(p + "ffn_down.weight", (E, F), _linear(), matrix=True),
+    ]
+    return out
+
+
+def _markov_tensors(cfg: DraftConfig, E: int, V: int, Vd: int, R: int) -> List[_Tensor]:
+    # ggml shapes: markov_w1 {R,V}, markov_w2 {R,Vd}, markov_gate {E+R,R}, markov_joint {2R+E,3R},
+    # conf_proj {E+R,1}. The bias W2.e has std ~1: it moves the argmax often enough to matter.
+    out = [_Tensor("markov_w1.weight", (V, R), _normal(1.0), matrix=True),
+           _Tensor("markov_w2.weight", (Vd, R), _linear(1.0), matrix=True)]
+    if cfg.markov_w2_scale:
+        out.append(_Tensor("markov_w2.scale", (1,), _uniform(0.5, 1.5)))
+    if cfg.markov_head_type == "gated":
+        out += [_Tensor("markov_gate.weight", (R, E + R), _linear(), matrix=True),
+                _Tensor("markov_gate.bias", (R,), _bias(0.1))]
+    elif cfg.markov_head_type == "rnn":
+        out += [_Tensor("markov_joint.weight", (3 * R, 2 * R + E), _linear(), matrix=True),
+                _Tensor("markov_joint.bias", (3 * R,), _bias(0.1))]
+    if cfg.confidence_head:
+        out += [_Tensor("conf_proj.weight", (1, E + R), _linear(), matrix=True),
+                _Tensor("conf_proj.bias", (1,), _bias(0.1))]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# metadata
+
+
+def _target_metadata(w: gguf.GGUFWriter, cfg: TargetConfig) -> None:
+    a = cfg.arch
+    w.add_string("general.name", cfg.name or f"tiny-random-{a}")
+    w.add_uint32("general.file_type", int(_FILE_TYPES[cfg.dtype]))
+    w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
+    w.add_uint32(f"{a}.context_length", cfg.n_ctx_train)
+    w.add_uint32(f"{a}.embedding_length", cfg.n_embd)
+    w.add_uint32(f"{a}.block_count", cfg.n_layer)
+    w.add_uint32(f"{a}.feed_forward_length", cfg.n_ff)
+    w.add_uint32(f"{a}.attention.head_count", cfg.n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", cfg.n_head_kv)
+    w.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
+    w.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
+    w.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_eps)
+    if a == "llama":  # LlamaModel.set_gguf_parameters adds these two
+        w.add_uint32(f"{a}.vocab_size", cfg.n_vocab)
+        w.add_uint32(f"{a}.rope.dimension_count", cfg.head_dim)
+    if cfg.rope_scaling is not None:
+        kind, factor, *orig_ctx = cfg.rope_scaling
+        w.add_string(f"{a}.rope.scaling.type", kind)
+        w.add_float32(f"{a}.rope.scaling.factor", float(factor))
+        if kind == "yarn":
+            w.add_uint32(f"{a}.rope.scaling.original_context_length", int(orig_ctx[0]))
+    if cfg.with_tokenizer:
+        _tokenizer_metadata(w, cfg.n_vocab)
+
+
+def _draft_metadata(w: gguf.GGUFWriter, cfg: DraftConfig, target: TargetConfig) -> None:
+    a = "dflash"
+    assert cfg.target_layers is not None and cfg.mask_token_id is not None
+    assert cfg.rope_theta is not None and cfg.n_ctx_train is not None
+    w.add_string("general.name", cfg.name or f"tiny-random-{cfg.kind}")
+    w.add_uint32("general.file_type", int(_FILE_TYPES[cfg.dtype]))
+    w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
+    w.add_uint32(f"{a}.context_length", cfg.n_ctx_train)
+    w.add_uint32(f"{a}.embedding_length", target.n_embd)
+    w.add_uint32(f"{a}.block_count", cfg.n_layer)
+    w.add_uint32(f"{a}.feed_forward_length", cfg.n_ff)
+    w.add_uint32(f"{a}.attention.head_count", cfg.n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", cfg.n_head_kv)
+    w.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
+    w.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
+    w.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_eps)
+    w.add_uint32(f"{a}.block_size", cfg.block_size)
+    w.add_array(f"{a}.target_layers", [int(i) for i in cfg.target_layers])  # INT32[]
+    if cfg.is_dspark:
+        w.add_bool(f"{a}.sample_from_anchor", cfg.sample_from_anchor)
+        w.add_bool(f"{a}.has_confidence_head", cfg.confidence_head)
+        w.add_string(f"{a}.markov_head_type", cfg.markov_head_type)
+    if cfg.causal is not None:
+        w.add_bool(f"{a}.attention.causal", cfg.causal)
+    if cfg.hidden_activation is not None:
+        w.add_string(f"{a}.hidden_activation", cfg.hidden_activation)
+    if cfg.embedding_scale is not None:
+        w.add_float32(f"{a}.embedding_scale", cfg.embedding_scale)
+    if cfg.attention_scale is not None:
+        w.add_float32(f"{a}.attention.scale", cfg.attention_scale)
+    if cfg.value_scale is not None:
+        w.add_float32(f"{a}.attention.value_scale", cfg.value_scale)
+    if cfg.sliding_window > 0:
+        assert cfg.sliding_window_pattern is not None
+        w.add_uint32(f"{a}.attention.sliding_window", cfg.sliding_window)
+        w.add_array(f"{a}.attention.sliding_window_pattern", [bool(b) for b in cfg.sliding_window_pattern])
+    # the draft carries the target's tokenizer (the converter copies it), plus the MASK id
+    if target.with_tokenizer:
+        _tokenizer_metadata(w, target.n_vocab)
+    w.add_uint32("tokenizer.ggml.mask_token_id", cfg.mask_token_id)
+
+
+# ------------------------------------------------------------------------------------------------
+# byte-level BPE tokenizer (valid, not good)
+
+_BPE_CORPUS = (
+    "The quick brown fox jumps over the lazy dog. A speculative decoder drafts a block of tokens "
+    "and the target model verifies them in one batch. Hello, world! What is the capital of France? "
+    "The answer is Paris. def main(): return 0 # 1234567890 the then there these those this that "
+    "in on at is it its and an as of or for from with without into onto upon the the the"
+)
+
+
+def _byte_symbols() -> List[str]:
+    """GPT-2's byte -> printable unicode map: printable Latin-1 bytes map to themselves, the others
+    to 256, 257, ... in byte order."""
+    keep = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    symbols, n_moved = [], 0
+    for b in range(256):
+        if b in keep:
+            symbols.append(chr(b))
+        else:
+            symbols.append(chr(256 + n_moved))
+            n_moved += 1
+    return symbols
+
+
+def _train_bpe(max_merges: int) -> List[Tuple[str, str]]:
+    """Greedy BPE on the built-in corpus (most frequent adjacent pair first, ties by text)."""
+    symbols = _byte_symbols()
+    words = re.findall(r" ?[A-Za-z]+| ?[0-9]| ?[^\sA-Za-z0-9]+|\s+", _BPE_CORPUS)
+    counts = Counter(tuple(symbols[b] for b in w.encode("utf-8")) for w in words)
+    merges: List[Tuple[str, str]] = []
+    while len(merges) < max_merges:
+        pairs: Counter = Counter()
+        for word, n in counts.items():
+            for pair in zip(word, word[1:]):
+                pairs[pair] += n
+        if not pairs:
+            break
+        best = min(pairs, key=lambda pr: (-pairs[pr], pr))
+        merges.append(best)
+        counts = Counter({_merge_word(word, best): n for word, n in counts.items()})
+    return merges
+
+
+def _merge_word(word: Tuple[str, ...], pair: Tuple[str, str]) -> Tuple[str, ...]:
+    out: List[str] = []
+    i = 0
+    while i < len(word):
+        if i + 1 < len(word) and (word[i], word[i + 1]) == pair:
+            out.append(word[i] + word[i + 1])
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return tuple(out)
+
+
+def _tokenizer_metadata(w: gguf.GGUFWriter, n_vocab: int) -> None:
+    """ids 0..255 the byte symbols, then merged tokens, then [PADi] fillers, then the 4 specials."""
+    n_free = n_vocab - 256 - len(_SPECIAL_TOKENS)
+    if n_free < 0:
+        return  # too small a vocabulary for a byte-level tokenizer: write none
+    tokens = _byte_symbols()
+    types = [int(gguf.TokenType.NORMAL)] * 256
+    merges = []
+    for a, b in _train_bpe(n_free):
+        merges.append(f"{a} {b}")
+        if a + b not in tokens[256:]:  # two merge paths can spell the same token
+            tokens.append(a + b)
+            types.append(int(gguf.TokenType.NORMAL))
+    while len(tokens) < n_vocab - len(_SPECIAL_TOKENS):
+        tokens.append(f"[PAD{len(tokens)}]")
+        types.append(int(gguf.TokenType.UNUSED))
+    tokens += list(_SPECIAL_TOKENS)
+    types += [int(gguf.TokenType.CONTROL)] * len(_SPECIAL_TOKENS)
+    ids = special_token_ids(n_vocab)
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", "qwen2")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.token_type", types)
+    w.add_array("tokenizer.ggml.merges", merges)
+    w.add_uint32("tokenizer.ggml.bos_token_id", ids["<|endoftext|>"])
+    w.add_uint32("tokenizer.ggml.eos_token_id", ids["<|endoftext|>"])
+    w.add_uint32("tokenizer.ggml.eot_token_id", ids["<|im_end|>"])
+    w.add_uint32("tokenizer.ggml.padding_token_id", ids["<|endoftext|>"])
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    w.add_string("tokenizer.chat_template", _CHATML_TEMPLATE)
+
+
+# ------------------------------------------------------------------------------------------------
+# writing
+
+
+def _dtype_type(dtype: str) -> QT:
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+# Types the gguf package cannot quantize (the K-quants) go through ggml's own kernels.
+_NATIVE_QUANT = {QT.Q4_K: "q4_k", QT.Q5_K: "q5_k", QT.Q6_K: "q6_k"}
+
+
+def _storage_type(t: _Tensor, qtype: QT) -> QT:
+    if not t.matrix:
+        return QT.I64 if t.name == "d2t" else QT.F32
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    return qtype if t.shape[-1] % block == 0 else QT.F16
+
+
+def _encode(values: np.ndarray, qtype: QT) -> np.ndarray:
+    """The bytes (or typed array) stored in the file."""
+    if qtype == QT.I64:
+        return values.astype(np.int64)
+    if qtype == QT.F32:
+        return values.astype(np.float32)
+    if qtype == QT.F16:
+        return values.astype(np.float16)
+    if qtype in _NATIVE_QUANT:
+        from .quant import quantize
+        return quantize(values, _NATIVE_QUANT[qtype])
+    return quants.quantize(values.astype(np.float32), qtype)
+
+
+def _decode(stored: np.ndarray, qtype: QT) -> np.ndarray:
+    if qtype == QT.I64:
+        return stored
+    if qtype in (QT.F32, QT.F16):
+        return stored.astype(np.float32)
+    if qtype in _NATIVE_QUANT:
+        from .quant import dequantize
+        shape = tuple(quants.quant_shape_from_byte_shape(stored.shape, qtype))
+        return dequantize(stored, _NATIVE_QUANT[qtype], shape)
+    return quants.dequantize(stored, qtype).astype(np.float32)
+
+
+def _stored_layout(shape: Tuple[int, ...], qtype: QT) -> Tuple[Tuple[int, ...], np.dtype]:
+    if qtype == QT.I64:
+        return shape, np.dtype(np.int64)
+    if qtype == QT.F32:
+        return shape, np.dtype(np.float32)
+    if qtype == QT.F16:
+        return shape, np.dtype(np.float16)
+    return tuple(quants.quant_shape_to_byte_shape(shape, qtype)), np.dtype(np.uint8)
+
+
+def _write_gguf(path: Union[str, Path], arch: str, add_metadata: Callable[[gguf.GGUFWriter], None],
+                tensors: Sequence[_Tensor], dtype: str, seed: int, return_weights: bool) -> Weights:
+    """Two passes over the plan: tensor infos first (shapes only), then draw-encode-write each."""
+    qtype = _dtype_type(dtype)
+    writer = gguf.GGUFWriter(str(path), arch)
+    add_metadata(writer)
+    plan = [(t, _storage_type(t, qtype)) for t in tensors]
+    for t, ttype in plan:
+        shape, np_dtype = _stored_layout(t.shape, ttype)
+        nbytes = int(np.prod(shape)) * np_dtype.itemsize
+        writer.add_tensor_info(t.name, shape, np_dtype, nbytes, raw_dtype=ttype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    weights: Weights = {}
+    try:
+        for t, ttype in plan:
+            rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
+            stored = _encode(t.init(rng, t.shape), ttype)
+            writer.write_tensor_data(stored)
+            if return_weights:
+                weights[t.name] = _decode(stored, ttype).reshape(t.shape)
+    finally:
+        writer.close()
+    return weights
+
+
+def write_target(path: Union[str, Path], cfg: TargetConfig, seed: int = 0,
+                 return_weights: bool = True) -> Weights:
+    """Write a random target GGUF; return its weights as the runtime sees them (see module doc).
+
+    llama: the q/k weights are taken to be already in the converter's permuted layout, i.e. the
+    runtime applies normal (non-NEOX) rope to them directly. To build the equivalent Hugging Face
+    model, undo the permutation per head: hf_row[h, j] = gguf_row[h, 2j], hf_row[h, j+D/2] =
+    gguf_row[h, 2j+1].
+    """
+    cfg.validate()
+    return _write_gguf(path, cfg.arch, lambda w: _target_metadata(w, cfg), _target_tensors(cfg),
+                       cfg.dtype, seed, return_weights)
+
+
+def write_draft(path: Union[str, Path], cfg: DraftConfig, target_cfg: TargetConfig, seed: int = 0,
+                return_weights: bool = True) -> Weights:
+    """Write a random DFlash/DSpark draft GGUF for `target_cfg`; return only the draft's own tensors.
+
+    Borrowed tensors (token_embd, output) are the target's: pass both weight dicts to DraftRef.
+    Extra GGUF definitions of this project (non-vanilla Markov heads), beyond llama.cpp's:
+      dflash.markov_head_type  STRING, written for every DSpark draft
+      gated: markov_gate.weight {E+R, R}, markov_gate.bias {R}
+      rnn:   markov_joint.weight {2R+E, 3R}, markov_joint.bias {3R}
+    """
+    rcfg = cfg.resolve(target_cfg)
+    return _write_gguf(path, "dflash", lambda w: _draft_metadata(w, rcfg, target_cfg),
+                       _draft_tensors(rcfg, target_cfg, seed), rcfg.dtype, seed, return_weights)
+
+
+def read_gguf_weights(path: Union[str, Path]) -> Weights:
+    """Every tensor of a GGUF file as float32 (dequantized; I32/I64 kept), numpy shape = ne reversed."""
+    reader = gguf.GGUFReader(str(path))
+    out: Weights = {}
+    for t in reader.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape.tolist()))
+        qtype = QT(int(t.tensor_type))
+        if qtype in (QT.I64, QT.I32, QT.I16, QT.I8):
+            out[t.name] = np.array(t.data).reshape(shape)
+        elif qtype in (QT.F32, QT.F16, QT.F64):
+            out[t.name] = np.array(t.data, dtype=np.float32).reshape(shape)
+        else:
+            out[t.name] = quants.dequantize(np.array(t.data), qtype).astype(np.float32).reshape(shape)
+    return out

@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny random models written per test session (fixed seeds, no downloads)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # `tests.reference` is importable from any working directory
+    sys.path.insert(0, str(ROOT))
+
+from dspark_ggml.tiny import TargetConfig, write_target  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def make_target(model_dir: Path) -> Callable[..., tuple[Path, dict, TargetConfig]]:
+    """make_target(name, **TargetConfig fields) -> (path, float32 weights, config); cached by name."""
+    cache: dict[str, tuple[Path, dict, TargetConfig]] = {}
+
+    def make(name: str, seed: int = 0, **fields: object) -> tuple[Path, dict, TargetConfig]:
+        if name not in cache:
+            cfg = TargetConfig(**fields)  # type: ignore[arg-type]
+            path = model_dir / f"{name}.gguf"
+            weights = write_target(path, cfg, seed=seed)
+            cache[name] = (path, weights, cfg)
+        return cache[name]
+
+    return make
