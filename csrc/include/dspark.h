@@ -273,15 +273,91 @@ DSPARK_API int32_t       dspark_n_outputs(const struct dspark_context * ctx);
 DSPARK_API const float * dspark_get_logits(const struct dspark_context * ctx);
 DSPARK_API const float * dspark_get_captured(const struct dspark_context * ctx, int32_t * n_tokens, int32_t * width);
 
-/* KV cache sequence operations: bookkeeping only, no graph runs. p1 < 0 means to the end;
- * seq_id < 0 in seq_rm means every sequence. */
-DSPARK_API int32_t    dspark_kv_seq_rm(struct dspark_context * ctx, dspark_seq_id seq_id, dspark_pos p0, dspark_pos p1);
-DSPARK_API int32_t    dspark_kv_seq_cp(struct dspark_context * ctx, dspark_seq_id src, dspark_seq_id dst, dspark_pos p0, dspark_pos p1);
-DSPARK_API int32_t    dspark_kv_seq_keep(struct dspark_context * ctx, dspark_seq_id seq_id);
-DSPARK_API void       dspark_kv_clear(struct dspark_context * ctx);
-DSPARK_API dspark_pos dspark_kv_seq_pos_max(const struct dspark_context * ctx, dspark_seq_id seq_id); /* -1: empty */
-DSPARK_API dspark_pos dspark_kv_seq_pos_min(const struct dspark_context * ctx, dspark_seq_id seq_id); /* -1: empty */
-DSPARK_API int32_t    dspark_kv_n_used(const struct dspark_context * ctx);
+/* ---- KV caches ------------------------------------------------------------------------------ */
+
+/* The KV cache of a target context (dspark_get_kv) or of a draft context (dspark_draft_get_kv);
+ * owned by its context. Sequence operations are bookkeeping only, no graph runs. p1 < 0 means to
+ * the end; seq_id -1 in seq_rm means every sequence. */
+struct dspark_kv;
+
+DSPARK_API struct dspark_kv * dspark_get_kv(struct dspark_context * ctx);
+DSPARK_API int32_t    dspark_kv_seq_rm(struct dspark_kv * kv, dspark_seq_id seq_id, dspark_pos p0, dspark_pos p1);
+DSPARK_API int32_t    dspark_kv_seq_cp(struct dspark_kv * kv, dspark_seq_id src, dspark_seq_id dst, dspark_pos p0, dspark_pos p1);
+DSPARK_API int32_t    dspark_kv_seq_keep(struct dspark_kv * kv, dspark_seq_id seq_id);
+DSPARK_API void       dspark_kv_clear(struct dspark_kv * kv);
+DSPARK_API dspark_pos dspark_kv_seq_pos_max(const struct dspark_kv * kv, dspark_seq_id seq_id); /* -1: empty */
+DSPARK_API dspark_pos dspark_kv_seq_pos_min(const struct dspark_kv * kv, dspark_seq_id seq_id); /* -1: empty */
+DSPARK_API int32_t    dspark_kv_n_used(const struct dspark_kv * kv);
+
+/* ---- drafts (DFlash / DSpark, GGUF arch "dflash") ---------------------------------------------- */
+
+#define DSPARK_MAX_TARGET_LAYERS 64
+
+enum dspark_markov_head {
+    DSPARK_MARKOV_NONE    = 0, /* DFlash */
+    DSPARK_MARKOV_VANILLA = 1, /* bias = W2 W1[prev] */
+    DSPARK_MARKOV_GATED   = 2, /* bias = W2 (sigmoid(Wg [h; W1[prev]] + bg) * W1[prev]) */
+    DSPARK_MARKOV_RNN     = 3, /* a block-local recurrent state over [s; W1[prev]; h] */
+};
+
+struct dspark_draft_info {
+    int32_t block_size;          /* trained block length (dflash.block_size) */
+    int32_t max_draft;           /* tokens one block proposes at most: block_size (anchor-first DSpark) or block_size-1 */
+    int32_t n_target_layers;
+    int32_t target_layers[DSPARK_MAX_TARGET_LAYERS]; /* target layer ids whose inputs the draft reads */
+    int32_t mask_token_id;
+    int32_t n_vocab;             /* target vocabulary */
+    int32_t n_vocab_draft;       /* rows of the draft's lm head (< n_vocab for reduced-vocab drafts) */
+    int32_t markov_head;         /* enum dspark_markov_head */
+    int32_t markov_rank;
+    bool    sample_from_anchor;  /* anchor-first layout (every slot predicts) vs 1+N */
+    bool    causal;              /* causal attention inside the block */
+    bool    has_confidence;      /* confidence head present */
+};
+
+/* Load a draft for a target. target may be NULL only for a draft with its own embeddings and lm
+ * head. Fails on a draft that does not fit the target (hidden size, layer ids, vocabulary). The
+ * target must outlive the draft. NULL on error. */
+DSPARK_API struct dspark_model * dspark_draft_load_from_file(const char * path, const struct dspark_model * target,
+                                                             const struct dspark_model_params * params);
+DSPARK_API int32_t dspark_draft_get_info(const struct dspark_model * draft, struct dspark_draft_info * out);
+
+struct dspark_draft_context;
+
+/* n_ctx, n_batch (max feature rows per inject), n_seq_max, n_threads, type_kv, flash_attn apply. */
+DSPARK_API struct dspark_draft_context * dspark_draft_context_init(struct dspark_model * draft, const struct dspark_context_params * params);
+DSPARK_API void                          dspark_draft_context_free(struct dspark_draft_context * dctx);
+DSPARK_API struct dspark_kv *            dspark_draft_get_kv(struct dspark_draft_context * dctx);
+DSPARK_API void dspark_draft_set_abort_callback(struct dspark_draft_context * dctx, dspark_abort_callback callback, void * user_data);
+
+/* Inject target features (rows of dspark_get_captured, width = n_target_layers * n_embd) as context
+ * cells at the target positions pos[i] of sequences seq_id[i]. Positions of a sequence must follow
+ * its injected ones. On failure the draft cache is unchanged. */
+DSPARK_API int32_t dspark_draft_inject(struct dspark_draft_context * dctx, const float * features, int32_t n_rows,
+                                       int32_t width, const dspark_pos * pos, const dspark_seq_id * seq_id);
+
+struct dspark_propose_params {
+    int32_t  n_draft;      /* tokens to propose per sequence, 1 .. max_draft (same for every block) */
+    float    temperature;  /* > 0 with sample: Gumbel-max sampling of each slot (and of the Markov chain) */
+    uint64_t seed;         /* noise seed when sampling */
+    bool     sample;       /* false: argmax chain (default) */
+    bool     want_logits;  /* also return each drafted slot's full-vocabulary logits */
+};
+
+DSPARK_API struct dspark_propose_params dspark_propose_default_params(void);
+
+/* Propose a block for each sequence: anchors[i] is its last committed token, at position pos0[i]
+ * (the first position not yet injected). Blocks are [anchor, MASK, ...] of equal length; the draft
+ * cache is the same afterwards. Results stay valid until the next propose. */
+DSPARK_API int32_t dspark_draft_propose(struct dspark_draft_context * dctx, int32_t n_seqs, const dspark_token * anchors,
+                                        const dspark_pos * pos0, const dspark_seq_id * seq_ids,
+                                        const struct dspark_propose_params * params);
+/* [n_seqs][n_draft] token ids (target vocabulary), block-major. */
+DSPARK_API const dspark_token * dspark_draft_get_tokens(const struct dspark_draft_context * dctx, int32_t * n_seqs, int32_t * n_draft);
+/* [n_seqs][n_draft] confidence of each drafted token, or NULL without a confidence head. */
+DSPARK_API const float * dspark_draft_get_confidence(const struct dspark_draft_context * dctx);
+/* [n_seqs][n_draft][n_vocab] logits (-inf where a reduced vocab cannot reach), or NULL if not asked for. */
+DSPARK_API const float * dspark_draft_get_logits(const struct dspark_draft_context * dctx);
 
 /* @cdef-end */
 

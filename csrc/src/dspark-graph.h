@@ -39,5 +39,6 @@ struct dspark_graph {
     void expand(ggml_tensor * t) const { ggml_build_forward_expand(gf, t); }
 };
 
-// An input tensor of the graph (filled on the host after allocation).
-ggml_tensor * dspark_graph_input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1 = 1, const char * name = nullptr);
+// An input tensor of the graph (filled on the host after allocation): 1-D [ne0] when ne1 is 0,
+// else 2-D [ne0, ne1].
+ggml_tensor * dspark_graph_input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, const char * name);

@@ -26,6 +26,9 @@ struct dspark_kv_mask_params {
     int32_t n_swa  = 0;  // > 0: also hide cells with pos_query - pos_key >= n_swa
 };
 
+struct dspark_kv_cache;
+struct dspark_kv;  // the C API's name for a dspark_kv_cache
+
 struct dspark_kv_cache {
     uint32_t n_cells   = 0;
     uint32_t n_seq_max = 0;

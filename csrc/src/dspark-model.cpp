@@ -24,3 +24,49 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
     m->weights->load(dspark_device_pick(params.device), params.use_mmap);
     return m.release();
 }
+
+// Read d2t back from the weights and check it: every id inside the target vocabulary, no id twice.
+static std::vector<int32_t> read_d2t(const dspark_model & m) {
+    ggml_tensor * t = m.draft->d2t;
+    std::vector<int64_t> ids(t->ne[0]);
+    ggml_backend_tensor_get(t, ids.data(), 0, ggml_nbytes(t));
+    const int64_t V = m.draft->hp.n_vocab;
+    std::vector<bool> seen(V, false);
+    std::vector<int32_t> out(ids.size());
+    for (size_t j = 0; j < ids.size(); ++j) {
+        if (ids[j] < 0 || ids[j] >= V) {
+            m.file().fail(DSPARK_STATUS_BAD_FORMAT, "d2t[" + std::to_string(j) + "] = " + std::to_string(ids[j]) +
+                                                        " is outside the target vocabulary (" + std::to_string(V) + ")");
+        }
+        if (seen[ids[j]]) {
+            m.file().fail(DSPARK_STATUS_BAD_FORMAT, "d2t maps two draft ids to target id " + std::to_string(ids[j]));
+        }
+        seen[ids[j]] = true;
+        out[j] = (int32_t) ids[j];
+    }
+    return out;
+}
+
+dspark_model * dspark_model_load_draft(const std::string & path, const dspark_model * target,
+                                       const dspark_model_params & params) {
+    if (target && !target->target) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "%s: the model given as target is not a target model", path.c_str());
+    }
+    std::unique_ptr<dspark_model> m(new dspark_model());
+    m->weights.reset(new dspark_weights(path));
+    const dspark_gguf & f = m->file();
+    m->arch = f.get_str("general.architecture");
+    if (m->arch != "dflash") {
+        f.fail(DSPARK_STATUS_INVALID_ARGUMENT, "architecture '" + m->arch + "' is not a DFlash/DSpark draft (expected 'dflash')");
+    }
+    m->borrowed = target;
+    m->draft.reset(new dflash_model());
+    m->draft->load(*m->weights, target ? target->target.get() : nullptr, target ? target->path() : "");
+    m->weights->warn_unused();
+    ggml_backend_dev_t dev = target ? target->device() : dspark_device_pick(params.device);
+    m->weights->load(dev, params.use_mmap);
+    if (m->draft->d2t) {
+        m->d2t = read_d2t(*m);
+    }
+    return m.release();
+}

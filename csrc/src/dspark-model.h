@@ -15,6 +15,8 @@ struct dspark_model {
     std::unique_ptr<dspark_weights> weights;
     std::unique_ptr<target_model>   target;  // set for qwen3 / llama / qwen2
     std::unique_ptr<dflash_model>   draft;   // set for dflash
+    const dspark_model *            borrowed = nullptr;  // a draft's target (embeddings, head)
+    std::vector<int32_t>            d2t;     // a reduced-vocab draft's absolute target ids
 
     dspark_model();
     ~dspark_model();
@@ -26,3 +28,8 @@ struct dspark_model {
 
 // Load a target model; throws dspark_error naming the file and the problem.
 dspark_model * dspark_model_load_target(const std::string & path, const dspark_model_params & params);
+
+// Load a DFlash / DSpark draft for a target (nullptr: a self-contained draft with its own
+// embeddings and head). The target must outlive the draft. Throws on any mismatch.
+dspark_model * dspark_model_load_draft(const std::string & path, const dspark_model * target,
+                                       const dspark_model_params & params);

@@ -4,6 +4,8 @@
 
 #include "dspark-backend.h"
 #include "dspark-context.h"
+#include "dspark-draft.h"
+#include "models/dflash.h"
 #include "dspark-gguf.h"
 #include "dspark-impl.h"
 #include "dspark-model.h"
@@ -408,7 +410,8 @@ const char * dspark_model_device(const struct dspark_model * m) {
     return m && m->device() ? ggml_backend_dev_name(m->device()) : nullptr;
 }
 
-#define TARGET_HP(m, field) ((m) && (m)->target ? (int32_t) (m)->target->hp.field : 0)
+#define TARGET_HP(m, field) \
+    ((m) && (m)->target ? (int32_t) (m)->target->hp.field : (m) && (m)->draft ? (int32_t) (m)->draft->hp.field : 0)
 
 int32_t dspark_model_n_vocab(const struct dspark_model * m)     { return TARGET_HP(m, n_vocab); }
 int32_t dspark_model_n_embd(const struct dspark_model * m)      { return TARGET_HP(m, n_embd); }
@@ -507,59 +510,192 @@ const float * dspark_get_captured(const struct dspark_context * ctx, int32_t * n
     return ctx->captured.data();
 }
 
-static int32_t check_seq(const dspark_context * ctx, dspark_seq_id seq, bool allow_all) {
-    if (!ctx) {
-        dspark_set_last_error("context is NULL");
+// ---- KV caches -----------------------------------------------------------------------------------
+
+static dspark_kv_cache * as_cache(dspark_kv * kv) { return reinterpret_cast<dspark_kv_cache *>(kv); }
+static const dspark_kv_cache * as_cache(const dspark_kv * kv) { return reinterpret_cast<const dspark_kv_cache *>(kv); }
+
+struct dspark_kv * dspark_get_kv(struct dspark_context * ctx) {
+    return ctx ? reinterpret_cast<dspark_kv *>(&ctx->kv) : nullptr;
+}
+
+static int32_t check_seq(const dspark_kv_cache * kv, dspark_seq_id seq, bool allow_all) {
+    if (!kv) {
+        dspark_set_last_error("KV cache handle is NULL");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
-    if ((allow_all && seq < -1) || (!allow_all && seq < 0) || seq >= (int32_t) ctx->params.n_seq_max) {
-        dspark_set_last_error(dspark_format("sequence id %d out of range (0 .. %u)", seq, ctx->params.n_seq_max - 1));
+    if ((allow_all && seq < -1) || (!allow_all && seq < 0) || seq >= (int32_t) kv->n_seq_max) {
+        dspark_set_last_error(dspark_format("sequence id %d out of range (0 .. %u)", seq, kv->n_seq_max - 1));
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
     return DSPARK_STATUS_OK;
 }
 
-int32_t dspark_kv_seq_rm(struct dspark_context * ctx, dspark_seq_id seq, dspark_pos p0, dspark_pos p1) {
-    const int32_t st = check_seq(ctx, seq, true);
+int32_t dspark_kv_seq_rm(struct dspark_kv * kv, dspark_seq_id seq, dspark_pos p0, dspark_pos p1) {
+    const int32_t st = check_seq(as_cache(kv), seq, true);
     if (st == DSPARK_STATUS_OK) {
-        ctx->kv.seq_rm(seq, std::max(p0, 0), p1);
+        as_cache(kv)->seq_rm(seq, std::max(p0, 0), p1);
     }
     return st;
 }
 
-int32_t dspark_kv_seq_cp(struct dspark_context * ctx, dspark_seq_id src, dspark_seq_id dst, dspark_pos p0, dspark_pos p1) {
-    int32_t st = check_seq(ctx, src, false);
+int32_t dspark_kv_seq_cp(struct dspark_kv * kv, dspark_seq_id src, dspark_seq_id dst, dspark_pos p0, dspark_pos p1) {
+    int32_t st = check_seq(as_cache(kv), src, false);
     if (st == DSPARK_STATUS_OK) {
-        st = check_seq(ctx, dst, false);
+        st = check_seq(as_cache(kv), dst, false);
     }
     if (st == DSPARK_STATUS_OK) {
-        ctx->kv.seq_cp(src, dst, std::max(p0, 0), p1);
+        as_cache(kv)->seq_cp(src, dst, std::max(p0, 0), p1);
     }
     return st;
 }
 
-int32_t dspark_kv_seq_keep(struct dspark_context * ctx, dspark_seq_id seq) {
-    const int32_t st = check_seq(ctx, seq, false);
+int32_t dspark_kv_seq_keep(struct dspark_kv * kv, dspark_seq_id seq) {
+    const int32_t st = check_seq(as_cache(kv), seq, false);
     if (st == DSPARK_STATUS_OK) {
-        ctx->kv.seq_keep(seq);
+        as_cache(kv)->seq_keep(seq);
     }
     return st;
 }
 
-void dspark_kv_clear(struct dspark_context * ctx) {
-    if (ctx) {
-        ctx->kv.clear();
+void dspark_kv_clear(struct dspark_kv * kv) {
+    if (kv) {
+        as_cache(kv)->clear();
     }
 }
 
-dspark_pos dspark_kv_seq_pos_max(const struct dspark_context * ctx, dspark_seq_id seq) {
-    return check_seq(ctx, seq, false) == DSPARK_STATUS_OK ? ctx->kv.seq_pos_max(seq) : -1;
+dspark_pos dspark_kv_seq_pos_max(const struct dspark_kv * kv, dspark_seq_id seq) {
+    return check_seq(as_cache(kv), seq, false) == DSPARK_STATUS_OK ? as_cache(kv)->seq_pos_max(seq) : -1;
 }
 
-dspark_pos dspark_kv_seq_pos_min(const struct dspark_context * ctx, dspark_seq_id seq) {
-    return check_seq(ctx, seq, false) == DSPARK_STATUS_OK ? ctx->kv.seq_pos_min(seq) : -1;
+dspark_pos dspark_kv_seq_pos_min(const struct dspark_kv * kv, dspark_seq_id seq) {
+    return check_seq(as_cache(kv), seq, false) == DSPARK_STATUS_OK ? as_cache(kv)->seq_pos_min(seq) : -1;
 }
 
-int32_t dspark_kv_n_used(const struct dspark_context * ctx) {
-    return ctx ? (int32_t) ctx->kv.n_used() : 0;
+int32_t dspark_kv_n_used(const struct dspark_kv * kv) {
+    return kv ? (int32_t) as_cache(kv)->n_used() : 0;
+}
+
+// ---- drafts ---------------------------------------------------------------------------------------
+
+struct dspark_model * dspark_draft_load_from_file(const char * path, const struct dspark_model * target,
+                                                  const struct dspark_model_params * params) {
+    if (!path) {
+        dspark_set_last_error("dspark_draft_load_from_file: path is NULL");
+        return nullptr;
+    }
+    const dspark_model_params p = params ? *params : dspark_model_default_params();
+    return guard_ptr<dspark_model>([&]() {
+        dspark_backends_load();
+        return dspark_model_load_draft(path, target, p);
+    });
+}
+
+int32_t dspark_draft_get_info(const struct dspark_model * m, struct dspark_draft_info * out) {
+    if (!m || !m->draft || !out) {
+        dspark_set_last_error("dspark_draft_get_info: need a draft model and an output struct");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    const dflash_hparams & hp = m->draft->hp;
+    *out = dspark_draft_info();
+    out->block_size = hp.block_size;
+    out->max_draft = hp.max_draft();
+    out->n_target_layers = (int32_t) std::min<size_t>(hp.target_layers.size(), DSPARK_MAX_TARGET_LAYERS);
+    for (int32_t i = 0; i < out->n_target_layers; ++i) {
+        out->target_layers[i] = hp.target_layers[i];
+    }
+    out->mask_token_id = hp.mask_token_id;
+    out->n_vocab = hp.n_vocab;
+    out->n_vocab_draft = hp.n_vocab_draft;
+    out->markov_head = (int32_t) hp.markov;
+    out->markov_rank = hp.markov_rank;
+    out->sample_from_anchor = hp.sample_from_anchor;
+    out->causal = hp.causal;
+    out->has_confidence = hp.has_confidence;
+    return DSPARK_STATUS_OK;
+}
+
+struct dspark_draft_context * dspark_draft_context_init(struct dspark_model * draft, const struct dspark_context_params * params) {
+    if (!draft) {
+        dspark_set_last_error("dspark_draft_context_init: draft is NULL");
+        return nullptr;
+    }
+    const dspark_context_params p = params ? *params : dspark_context_default_params();
+    return guard_ptr<dspark_draft_context>([&]() { return new dspark_draft_context(*draft, p); });
+}
+
+void dspark_draft_context_free(struct dspark_draft_context * dctx) {
+    delete dctx;
+}
+
+struct dspark_kv * dspark_draft_get_kv(struct dspark_draft_context * dctx) {
+    return dctx ? reinterpret_cast<dspark_kv *>(&dctx->kv) : nullptr;
+}
+
+void dspark_draft_set_abort_callback(struct dspark_draft_context * dctx, dspark_abort_callback callback, void * user_data) {
+    if (dctx) {
+        dctx->compute.set_abort(callback, user_data);
+    }
+}
+
+int32_t dspark_draft_inject(struct dspark_draft_context * dctx, const float * features, int32_t n_rows, int32_t width,
+                            const dspark_pos * pos, const dspark_seq_id * seq_id) {
+    if (!dctx) {
+        dspark_set_last_error("dspark_draft_inject: context is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard([&]() {
+        dctx->inject(features, n_rows, width, pos, seq_id);
+        return DSPARK_STATUS_OK;
+    });
+}
+
+struct dspark_propose_params dspark_propose_default_params(void) {
+    dspark_propose_params p;
+    p.n_draft     = 0;
+    p.temperature = 1.0f;
+    p.seed        = 0;
+    p.sample      = false;
+    p.want_logits = false;
+    return p;
+}
+
+int32_t dspark_draft_propose(struct dspark_draft_context * dctx, int32_t n_seqs, const dspark_token * anchors,
+                             const dspark_pos * pos0, const dspark_seq_id * seq_ids, const struct dspark_propose_params * params) {
+    if (!dctx) {
+        dspark_set_last_error("dspark_draft_propose: context is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    const dspark_propose_params p = params ? *params : dspark_propose_default_params();
+    return guard([&]() {
+        dspark_propose_request r;
+        r.n_seqs = n_seqs;
+        r.anchors = anchors;
+        r.pos0 = pos0;
+        r.seq_ids = seq_ids;
+        r.n_draft = p.n_draft > 0 ? p.n_draft : dctx->hp().max_draft();
+        r.want_logits = p.want_logits;
+        r.pick.sample = p.sample;
+        r.pick.temperature = p.temperature;
+        r.seed = p.seed;
+        dctx->propose(r);
+        return DSPARK_STATUS_OK;
+    });
+}
+
+const dspark_token * dspark_draft_get_tokens(const struct dspark_draft_context * dctx, int32_t * n_seqs, int32_t * n_draft) {
+    if (!dctx) {
+        return nullptr;
+    }
+    if (n_seqs) *n_seqs = dctx->n_seqs;
+    if (n_draft) *n_draft = dctx->n_draft;
+    return dctx->tokens.data();
+}
+
+const float * dspark_draft_get_confidence(const struct dspark_draft_context * dctx) {
+    return dctx && !dctx->confidence.empty() ? dctx->confidence.data() : nullptr;
+}
+
+const float * dspark_draft_get_logits(const struct dspark_draft_context * dctx) {
+    return dctx && !dctx->logits.empty() ? dctx->logits.data() : nullptr;
 }

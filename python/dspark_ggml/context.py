@@ -8,6 +8,7 @@ import numpy as np
 
 from . import _lib
 from .errors import InvalidArgumentError
+from .kv_cache import KVCache
 from .model import Model
 
 KV_TYPES = {"f16": 0, "f32": 1, "bf16": 2, "q8_0": 3}
@@ -77,6 +78,7 @@ class Context:
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd
         self._capture: tuple[int, ...] = ()
+        self.kv = KVCache(lib.dspark_get_kv(self._handle), self.params.n_seq_max, self)
 
     def _read_params(self) -> ContextParams:
         lib, ffi = _lib.lib(), _lib.ffi()
@@ -213,31 +215,25 @@ class Context:
 
     def kv_seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         """Remove positions [p0, p1) of a sequence (p1 < 0: to the end; seq_id -1: all sequences)."""
-        _lib.check(_lib.lib().dspark_kv_seq_rm(self.handle, seq_id, p0, p1))
+        self.kv.seq_rm(seq_id, p0, p1)
 
     def kv_seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         """Share positions [p0, p1) of ``src`` with ``dst`` (no copy of data)."""
-        _lib.check(_lib.lib().dspark_kv_seq_cp(self.handle, src, dst, p0, p1))
+        self.kv.seq_cp(src, dst, p0, p1)
 
     def kv_seq_keep(self, seq_id: int) -> None:
-        _lib.check(_lib.lib().dspark_kv_seq_keep(self.handle, seq_id))
+        self.kv.seq_keep(seq_id)
 
     def kv_clear(self) -> None:
-        _lib.lib().dspark_kv_clear(self.handle)
+        self.kv.clear()
 
     def kv_seq_pos_max(self, seq_id: int) -> int:
         """Largest cached position of a sequence, -1 if none."""
-        self._check_seq(seq_id)
-        return int(_lib.lib().dspark_kv_seq_pos_max(self.handle, seq_id))
+        return self.kv.seq_pos_max(seq_id)
 
     def kv_seq_pos_min(self, seq_id: int) -> int:
-        self._check_seq(seq_id)
-        return int(_lib.lib().dspark_kv_seq_pos_min(self.handle, seq_id))
+        return self.kv.seq_pos_min(seq_id)
 
     @property
     def kv_n_used(self) -> int:
-        return int(_lib.lib().dspark_kv_n_used(self.handle))
-
-    def _check_seq(self, seq_id: int) -> None:
-        if not 0 <= seq_id < self.n_seq_max:
-            raise InvalidArgumentError(f"sequence id {seq_id} out of range (0 .. {self.n_seq_max - 1})")
+        return self.kv.n_used

@@ -36,12 +36,12 @@ target_graph build_target_graph(const dspark_graph & g, const target_model & m, 
                                 bool flash_attn) {
     ggml_context * ctx = g.ctx;
     target_graph io;
-    io.tokens = dspark_graph_input(ctx, GGML_TYPE_I32, n_tokens, 1, "inp_tokens");
-    io.pos    = dspark_graph_input(ctx, GGML_TYPE_I32, n_tokens, 1, "inp_pos");
-    io.kv_idx = dspark_graph_input(ctx, GGML_TYPE_I64, n_tokens, 1, "inp_kv_idx");
+    io.tokens = dspark_graph_input(ctx, GGML_TYPE_I32, n_tokens, 0, "inp_tokens");
+    io.pos    = dspark_graph_input(ctx, GGML_TYPE_I32, n_tokens, 0, "inp_pos");
+    io.kv_idx = dspark_graph_input(ctx, GGML_TYPE_I64, n_tokens, 0, "inp_kv_idx");
     io.mask   = dspark_graph_input(ctx, GGML_TYPE_F16, n_kv, n_tokens, "inp_mask");
     if (n_outputs < n_tokens) {
-        io.out_ids = dspark_graph_input(ctx, GGML_TYPE_I32, n_outputs, 1, "inp_out_ids");
+        io.out_ids = dspark_graph_input(ctx, GGML_TYPE_I32, n_outputs, 0, "inp_out_ids");
     }
 
     const int n_layer = m.hp.n_layer;

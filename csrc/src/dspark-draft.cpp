@@ -1,0 +1,253 @@
+#include "dspark-draft.h"
+
+#include "dspark-context.h"
+#include "dspark-impl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_context_params & p) : model(m) {
+    if (!model.draft) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "%s: not a DFlash/DSpark draft model", model.path().c_str());
+    }
+    params = dspark_resolve_context_params(p, hp().n_ctx_train);
+    // a block of every sequence must fit next to a full context: its cells are temporary
+    const uint32_t n_cells = params.n_ctx + params.n_seq_max * (uint32_t) hp().block_size;
+    compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 48);
+    const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
+    kv.init(ggml_backend_get_default_buffer_type(compute.backend), hp().n_layer, (int64_t) hp().head_dim * hp().n_head_kv,
+            (int64_t) hp().head_dim * hp().n_head_kv, kv_type, n_cells, params.n_seq_max);
+    flash_attn = params.flash_attn != DSPARK_FLASH_ATTN_OFF;  // CPU and GPU backends run it for these shapes
+    params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
+
+    if (!model.d2t.empty()) {
+        ggml_init_params ip = { /*.mem_size =*/ ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+        d2t_ctx = ggml_init(ip);
+        d2t_i32 = ggml_new_tensor_2d(d2t_ctx, GGML_TYPE_I32, 1, (int64_t) model.d2t.size());
+        d2t_buf = ggml_backend_alloc_ctx_tensors_from_buft(d2t_ctx, ggml_backend_get_default_buffer_type(compute.backend));
+        if (!d2t_buf) {
+            dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "cannot allocate the d2t table");
+        }
+        ggml_backend_tensor_set(d2t_i32, model.d2t.data(), 0, ggml_nbytes(d2t_i32));
+    }
+    reserve_worst_case();
+}
+
+dspark_draft_context::~dspark_draft_context() {
+    if (d2t_buf) {
+        ggml_backend_buffer_free(d2t_buf);
+    }
+    if (d2t_ctx) {
+        ggml_free(d2t_ctx);
+    }
+}
+
+void dspark_draft_context::reserve_worst_case() {
+    ggml_context * ctx = compute.begin();
+    ggml_cgraph * gf = compute.new_graph(ctx);
+    dspark_graph g = {ctx, gf};
+    build_dflash_block(g, *model.draft, kv, d2t_i32, (int) params.n_seq_max, hp().block_size, (int) kv.n_cells, flash_attn,
+                       false, dflash_pick());
+    compute.reserve(gf);
+}
+
+// ---- injection ----------------------------------------------------------------------------------
+
+void dspark_draft_context::inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos,
+                                  const dspark_seq_id * seq) {
+    const int32_t want = (int32_t) hp().target_layers.size() * hp().n_embd;
+    if (width != want) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "feature rows have width %d, the draft expects %zu layers x %d = %d",
+                     width, hp().target_layers.size(), hp().n_embd, want);
+    }
+    if (n_rows < 1 || (uint32_t) n_rows > params.n_batch || !features || !pos || !seq) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "inject: need 1 .. n_batch (%u) rows with positions and sequence ids", params.n_batch);
+    }
+    std::vector<int32_t> last(params.n_seq_max, -2);
+    for (int32_t i = 0; i < n_rows; ++i) {
+        if (seq[i] < 0 || (uint32_t) seq[i] >= params.n_seq_max) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence id %d at row %d: must be 0 .. %u", seq[i], i, params.n_seq_max - 1);
+        }
+        if (pos[i] < 0 || (uint32_t) pos[i] >= params.n_ctx) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "position %d at row %d: must be 0 .. n_ctx-1 (%u)", pos[i], i, params.n_ctx - 1);
+        }
+        if (last[seq[i]] == -2) {
+            last[seq[i]] = kv.seq_pos_max(seq[i]);
+        }
+        if (pos[i] <= last[seq[i]]) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "position %d of sequence %d: features must follow the injected ones (last %d)",
+                         pos[i], seq[i], last[seq[i]]);
+        }
+        last[seq[i]] = pos[i];
+    }
+    std::vector<int32_t> slots;
+    if (!kv.find_slots((uint32_t) n_rows, slots)) {
+        dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the draft KV cache is full (%u of %u cells used)", kv.n_used(), kv.n_cells);
+    }
+    kv.commit(slots, pos, seq);
+    try {
+        ggml_context * ctx = compute.begin();
+        ggml_cgraph * gf = compute.new_graph(ctx);
+        dspark_graph g = {ctx, gf};
+        dflash_inject_graph io = build_dflash_inject(g, *model.draft, kv, n_rows);
+        compute.alloc(gf);
+        ggml_backend_tensor_set(io.feat, features, 0, sizeof(float) * (size_t) n_rows * width);
+        ggml_backend_tensor_set(io.pos, pos, 0, sizeof(int32_t) * n_rows);
+        std::vector<int64_t> idx(slots.begin(), slots.end());
+        ggml_backend_tensor_set(io.kv_idx, idx.data(), 0, sizeof(int64_t) * n_rows);
+        compute.compute(gf);
+    } catch (...) {
+        kv.release(slots);
+        throw;
+    }
+}
+
+// ---- propose ------------------------------------------------------------------------------------
+
+void dspark_draft_context::validate_propose(const dspark_propose_request & r) const {
+    if (r.n_seqs < 1 || (uint32_t) r.n_seqs > params.n_seq_max || !r.anchors || !r.pos0 || !r.seq_ids) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "propose: need 1 .. n_seq_max (%u) sequences with anchors, positions and ids",
+                     params.n_seq_max);
+    }
+    if (r.n_draft < 1 || r.n_draft > hp().max_draft()) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_draft = %d: this draft proposes 1 .. %d tokens per block (block_size %d, %s)",
+                     r.n_draft, hp().max_draft(), hp().block_size,
+                     hp().first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
+    }
+    if (r.pick.sample && !(r.pick.temperature > 0.0f)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a temperature > 0");
+    }
+    std::set<int32_t> seen;
+    const int B = block_len(r.n_draft);
+    for (int32_t i = 0; i < r.n_seqs; ++i) {
+        const int32_t s = r.seq_ids[i];
+        if (s < 0 || (uint32_t) s >= params.n_seq_max || !seen.insert(s).second) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence id %d: must be unique and 0 .. %u", s, params.n_seq_max - 1);
+        }
+        if (r.anchors[i] < 0 || r.anchors[i] >= hp().n_vocab) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "anchor token %d of sequence %d is outside the vocabulary", r.anchors[i], s);
+        }
+        if (r.pos0[i] < 0 || (int64_t) r.pos0[i] + B > (int64_t) params.n_ctx) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "a block at position %d of sequence %d does not fit in n_ctx (%u)", r.pos0[i], s,
+                         params.n_ctx);
+        }
+        if (kv.seq_pos_max(s) >= r.pos0[i]) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d has injected cells at positions >= the anchor position %d; "
+                         "remove them with seq_rm first", s, r.pos0[i]);
+        }
+    }
+}
+
+void dspark_draft_context::propose(const dspark_propose_request & r) {
+    validate_propose(r);
+    const int B = block_len(r.n_draft);
+    const int n_tok = B * r.n_seqs;
+    std::vector<int32_t> pos(n_tok), seq(n_tok);
+    for (int32_t b = 0; b < r.n_seqs; ++b) {
+        for (int i = 0; i < B; ++i) {
+            pos[b * B + i] = r.pos0[b] + i;
+            seq[b * B + i] = r.seq_ids[b];
+        }
+    }
+    std::vector<int32_t> slots;
+    if (!kv.find_slots((uint32_t) n_tok, slots)) {
+        dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the draft KV cache has no room for the blocks");
+    }
+    // The block's own cells are temporary: claimed for this decode, given back after it.
+    kv.commit(slots, pos.data(), seq.data());
+    try {
+        run_propose(r, slots);
+    } catch (...) {
+        kv.release(slots);
+        n_seqs = 0;
+        throw;
+    }
+    kv.release(slots);
+}
+
+// Gumbel(0, 1) noise for Gumbel-max sampling, from a seeded generator.
+static void fill_gumbel(std::vector<float> & out, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (float & x : out) {
+        double v = u(rng);
+        v = std::min(std::max(v, 1e-20), 1.0 - 1e-12);
+        x = (float) -std::log(-std::log(v));
+    }
+}
+
+void dspark_draft_context::run_propose(const dspark_propose_request & r, const std::vector<int32_t> & slots) {
+    const int B = block_len(r.n_draft);
+    const int n_tok = B * r.n_seqs;
+    const int P = r.n_draft;
+    const int n_kv = (int) kv.n_kv();
+
+    ggml_context * ctx = compute.begin();
+    ggml_cgraph * gf = compute.new_graph(ctx);
+    dspark_graph g = {ctx, gf};
+    dflash_block_graph io = build_dflash_block(g, *model.draft, kv, d2t_i32, r.n_seqs, B, n_kv, flash_attn, r.want_logits, r.pick);
+    compute.alloc(gf);
+
+    std::vector<int32_t> tok(n_tok), pos(n_tok), seq(n_tok);
+    for (int32_t b = 0; b < r.n_seqs; ++b) {
+        for (int i = 0; i < B; ++i) {
+            tok[b * B + i] = i == 0 ? r.anchors[b] : hp().mask_token_id;
+            pos[b * B + i] = r.pos0[b] + i;
+            seq[b * B + i] = r.seq_ids[b];
+        }
+    }
+    ggml_backend_tensor_set(io.tokens, tok.data(), 0, sizeof(int32_t) * n_tok);
+    ggml_backend_tensor_set(io.pos, pos.data(), 0, sizeof(int32_t) * n_tok);
+    std::vector<int64_t> idx(slots.begin(), slots.end());
+    ggml_backend_tensor_set(io.kv_idx, idx.data(), 0, sizeof(int64_t) * n_tok);
+    std::vector<ggml_fp16_t> mask((size_t) n_kv * n_tok);
+    dspark_kv_mask_params mp;
+    mp.causal = hp().causal;
+    kv.fill_mask(mask.data(), n_kv, n_tok, pos.data(), seq.data(), mp);
+    ggml_backend_tensor_set(io.mask, mask.data(), 0, mask.size() * sizeof(ggml_fp16_t));
+    if (io.mask_swa) {
+        mp.n_swa = hp().n_swa;
+        kv.fill_mask(mask.data(), n_kv, n_tok, pos.data(), seq.data(), mp);
+        ggml_backend_tensor_set(io.mask_swa, mask.data(), 0, mask.size() * sizeof(ggml_fp16_t));
+    }
+    if (io.noise) {
+        std::vector<float> noise(ggml_nelements(io.noise));
+        fill_gumbel(noise, r.seed);
+        ggml_backend_tensor_set(io.noise, noise.data(), 0, noise.size() * sizeof(float));
+    }
+
+    compute.compute(gf);
+
+    // results, block-major [n_seqs][P]
+    n_seqs = r.n_seqs;
+    n_draft = P;
+    tokens.assign((size_t) n_seqs * P, 0);
+    if (io.tokens_out.size() == 1) {  // DFlash: one tensor, already block-major
+        ggml_backend_tensor_get(io.tokens_out[0], tokens.data(), 0, sizeof(int32_t) * tokens.size());
+    } else {  // DSpark: one tensor per slot, [n_seqs] each
+        std::vector<int32_t> col(n_seqs);
+        for (int j = 0; j < P; ++j) {
+            ggml_backend_tensor_get(io.tokens_out[j], col.data(), 0, sizeof(int32_t) * n_seqs);
+            for (int b = 0; b < n_seqs; ++b) {
+                tokens[(size_t) b * P + j] = col[b];
+            }
+        }
+    }
+    confidence.clear();
+    if (!io.conf_out.empty()) {
+        confidence.assign((size_t) n_seqs * P, 0.0f);
+        std::vector<float> col(n_seqs);
+        for (int j = 0; j < P; ++j) {
+            ggml_backend_tensor_get(io.conf_out[j], col.data(), 0, sizeof(float) * n_seqs);
+            for (int b = 0; b < n_seqs; ++b) {
+                confidence[(size_t) b * P + j] = col[b];
+            }
+        }
+    }
+    logits.clear();
+    if (io.logits) {
+        logits.resize((size_t) ggml_nelements(io.logits));
+        ggml_backend_tensor_get(io.logits, logits.data(), 0, logits.size() * sizeof(float));
+    }
+}

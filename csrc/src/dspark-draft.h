@@ -1,0 +1,58 @@
+// A draft context: the draft's own KV cache of injected target features, and the two operations
+// of speculative drafting — inject features of committed target positions, and propose blocks.
+#pragma once
+
+#include "dspark.h"
+#include "dspark-compute.h"
+#include "dspark-kv-cache.h"
+#include "dspark-model.h"
+#include "models/dflash-graph.h"
+
+#include <random>
+#include <vector>
+
+// What one propose call asks for.
+struct dspark_propose_request {
+    int32_t               n_seqs  = 0;
+    const dspark_token  * anchors = nullptr;  // [n_seqs] last committed token of each sequence
+    const dspark_pos    * pos0    = nullptr;  // [n_seqs] position of the anchor
+    const dspark_seq_id * seq_ids = nullptr;  // [n_seqs]
+    int32_t               n_draft = 0;        // tokens to propose per sequence (same for all)
+    bool                  want_logits = false;
+    dflash_pick           pick;               // argmax, or Gumbel-max sampling
+    uint64_t              seed = 0;           // noise seed when sampling
+};
+
+struct dspark_draft_context {
+    dspark_model &        model;
+    dspark_context_params params;
+    dspark_kv_cache       kv;
+    dspark_compute        compute;
+    bool                  flash_attn = true;
+
+    // results of the last propose, block-major: [n_seqs][n_draft] (logits: [n_seqs][n_draft][V])
+    int32_t               n_seqs  = 0;
+    int32_t               n_draft = 0;
+    std::vector<int32_t>  tokens;
+    std::vector<float>    confidence;
+    std::vector<float>    logits;
+
+    dspark_draft_context(dspark_model & draft, const dspark_context_params & params);  // throws
+    ~dspark_draft_context();
+
+    // Store target features [n_rows][width] as context cells at (pos, seq). Throws; unchanged on failure.
+    void inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos, const dspark_seq_id * seq);
+    // Decode one block per sequence; the draft cache is the same afterwards. Throws on bad input.
+    void propose(const dspark_propose_request & req);
+
+    const dflash_hparams & hp() const { return model.draft->hp; }
+    int block_len(int n_draft) const { return n_draft + hp().first_pred_slot(); }
+
+  private:
+    ggml_context *        d2t_ctx = nullptr;
+    ggml_backend_buffer_t d2t_buf = nullptr;
+    ggml_tensor *         d2t_i32 = nullptr;  // I32 {1, Vd}: draft id -> target id, for gathers
+    void validate_propose(const dspark_propose_request & req) const;
+    void run_propose(const dspark_propose_request & req, const std::vector<int32_t> & slots);
+    void reserve_worst_case();
+};

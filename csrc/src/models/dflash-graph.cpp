@@ -1,0 +1,234 @@
+#include "models/dflash-graph.h"
+
+#include <cmath>
+
+// ---- injection --------------------------------------------------------------------------------
+
+// Raw K [D, Hkv, T] (before k_norm and rope) and V of rows h [E, T] in layer il.
+static void project_kv(const dspark_graph & g, const dflash_model & m, int il, ggml_tensor * h,
+                       ggml_tensor ** k_raw, ggml_tensor ** v) {
+    const dflash_hparams & hp = m.hp;
+    const dflash_layer & l = m.layers[il];
+    const int64_t T = h->ne[1];
+    *k_raw = ggml_reshape_3d(g.ctx, g.mm(l.wk, h, l.wk_s), hp.head_dim, hp.n_head_kv, T);
+    if (l.wv) {
+        *v = ggml_reshape_3d(g.ctx, g.mm(l.wv, h, l.wv_s), hp.head_dim, hp.n_head_kv, T);
+    } else {
+        *v = g.rms_norm(*k_raw, nullptr, hp.rms_eps);  // shared K/V: V is the normalised raw K
+    }
+}
+
+dflash_inject_graph build_dflash_inject(const dspark_graph & g, const dflash_model & m, const dspark_kv_cache & kv,
+                                        int n_rows) {
+    const dflash_hparams & hp = m.hp;
+    dflash_inject_graph io;
+    io.feat   = dspark_graph_input(g.ctx, GGML_TYPE_F32, (int64_t) hp.target_layers.size() * hp.n_embd, n_rows, "inp_feat");
+    io.pos    = dspark_graph_input(g.ctx, GGML_TYPE_I32, n_rows, 0, "inp_feat_pos");
+    io.kv_idx = dspark_graph_input(g.ctx, GGML_TYPE_I64, n_rows, 0, "inp_feat_kv_idx");
+
+    ggml_tensor * ctx_h = g.rms_norm(g.mm(m.fc, io.feat, m.fc_s), m.enc_norm, hp.rms_eps);  // [E, T]
+    for (int il = 0; il < hp.n_layer; ++il) {
+        ggml_tensor * k, * v;
+        project_kv(g, m, il, ctx_h, &k, &v);
+        k = g.rms_norm(k, m.layers[il].k_norm, hp.rms_eps);
+        k = g.rope(k, io.pos, hp.rope, m.rope_freqs);
+        g.store_kv(kv, il, k, v, io.kv_idx);
+    }
+    return io;
+}
+
+// ---- block decoder ----------------------------------------------------------------------------
+
+static ggml_tensor * block_layer(const dspark_graph & g, const dflash_model & m, const dspark_kv_cache & kv, int il,
+                                 ggml_tensor * x, const dflash_block_graph & io, int n_kv, bool flash) {
+    const dflash_hparams & hp = m.hp;
+    const dflash_layer & l = m.layers[il];
+    ggml_context * ctx = g.ctx;
+    const int64_t T = x->ne[1];
+
+    ggml_tensor * h = g.rms_norm(x, l.attn_norm, hp.rms_eps);
+    ggml_tensor * q = ggml_reshape_3d(ctx, g.mm(l.wq, h, l.wq_s), hp.head_dim, hp.n_head, T);
+    ggml_tensor * k, * v;
+    project_kv(g, m, il, h, &k, &v);
+    q = g.rope(g.rms_norm(q, l.q_norm, hp.rms_eps), io.pos, hp.rope, m.rope_freqs);
+    k = g.rope(g.rms_norm(k, l.k_norm, hp.rms_eps), io.pos, hp.rope, m.rope_freqs);
+    g.store_kv(kv, il, k, v, io.kv_idx);  // the block attends to itself through the cache
+
+    const float scale = hp.attn_scale != 0.0f ? hp.attn_scale : 1.0f / sqrtf((float) hp.head_dim);
+    ggml_tensor * mask = hp.is_swa(il) ? io.mask_swa : io.mask;
+    ggml_tensor * a = g.attention(kv, il, q, mask, n_kv, hp.head_dim, hp.n_head_kv, scale, flash, l.sinks);
+    a = g.mm(l.wo, a, l.wo_s);
+    if (hp.value_scale != 0.0f) {
+        a = ggml_scale(ctx, a, hp.value_scale);
+    }
+    if (l.post_attn_norm) {
+        a = g.rms_norm(a, l.post_attn_norm, hp.rms_eps);
+    }
+    x = ggml_add(ctx, x, a);
+
+    ggml_tensor * y = g.ffn(g.rms_norm(x, l.ffn_norm, hp.rms_eps), l.ffn_gate, l.ffn_up, l.ffn_down, hp.gelu);
+    if (l.post_ffw_norm) {
+        y = g.rms_norm(y, l.post_ffw_norm, hp.rms_eps);
+    }
+    x = ggml_add(ctx, x, y);
+    return l.out_scale ? ggml_mul(ctx, x, l.out_scale) : x;
+}
+
+// Column j of every block: a strided [ne0, n_blocks] view of a block-major [ne0, P·n_blocks] tensor.
+static ggml_tensor * slot_view(ggml_context * ctx, ggml_tensor * t, int j, int P, int n_blocks) {
+    return ggml_view_2d(ctx, t, t->ne[0], n_blocks, t->nb[1] * P, t->nb[1] * j);
+}
+
+// Draft-vocab ids [n] -> target ids [n] through d2t (identity without d2t).
+static ggml_tensor * to_target_ids(ggml_context * ctx, ggml_tensor * ids, ggml_tensor * d2t_i32) {
+    if (!d2t_i32) {
+        return ids;
+    }
+    ggml_tensor * t = ggml_get_rows(ctx, d2t_i32, ids);  // [1, n]
+    return ggml_reshape_1d(ctx, t, t->ne[1]);
+}
+
+// The token a slot proposes: argmax of its logits [Vd, n_blocks], or a Gumbel-max sample.
+static ggml_tensor * pick_tokens(const dspark_graph & g, ggml_tensor * logits, ggml_tensor * noise, const dflash_pick & pick) {
+    if (!pick.sample) {
+        return ggml_argmax(g.ctx, logits);
+    }
+    ggml_tensor * z = ggml_add(g.ctx, ggml_scale(g.ctx, logits, 1.0f / pick.temperature), noise);
+    return ggml_argmax(g.ctx, z);
+}
+
+// The Markov bias of one slot from e = W1[prev] [R, n_blocks], the slot's final hidden state
+// h [E, n_blocks] and the RNN state s [R, n_blocks] (updated in place for the rnn head).
+static ggml_tensor * markov_bias(const dspark_graph & g, const dflash_model & m, ggml_tensor * e, ggml_tensor * h,
+                                 ggml_tensor ** s) {
+    ggml_context * ctx = g.ctx;
+    const int64_t R = m.hp.markov_rank;
+    ggml_tensor * r = e;  // vanilla: W2 · e
+    if (m.hp.markov == markov_head::gated) {
+        // gate = σ(Wg [h; e] + bg), bias = W2 (gate ⊙ e)
+        ggml_tensor * gate = ggml_sigmoid(ctx, ggml_add(ctx, ggml_mul_mat(ctx, m.markov_gate, ggml_concat(ctx, h, e, 0)), m.markov_gate_b));
+        r = ggml_mul(ctx, gate, e);
+    } else if (m.hp.markov == markov_head::rnn) {
+        // [g, c, o] = Wj [s; e; h] + bj;  s' = σ(g) s + σ(-g) tanh(c);  bias = W2 tanh(o)
+        ggml_tensor * z = ggml_add(ctx, ggml_mul_mat(ctx, m.markov_joint, ggml_concat(ctx, ggml_concat(ctx, *s, e, 0), h, 0)),
+                                   m.markov_joint_b);
+        auto part = [&](int k) { return ggml_cont(ctx, ggml_view_2d(ctx, z, R, z->ne[1], z->nb[1], k * R * ggml_element_size(z))); };
+        ggml_tensor * gt = part(0), * ct = part(1), * ot = part(2);
+        *s = ggml_add(ctx, ggml_mul(ctx, ggml_sigmoid(ctx, gt), *s),
+                      ggml_mul(ctx, ggml_sigmoid(ctx, ggml_neg(ctx, gt)), ggml_tanh(ctx, ct)));
+        r = ggml_tanh(ctx, ot);
+    }
+    return g.mm(m.markov_w2, r, m.markov_w2_s);  // [Vd, n_blocks]
+}
+
+// DSpark chain over the P predicting slots: slot j's logits get W2·W1[prev] (head-dependent), and
+// prev becomes the token picked from the biased logits. prev starts at each block's anchor, read
+// as a strided view of the token input. Returns the biased logits (when asked for) [Vd, P·n_blocks].
+static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m, dflash_block_graph & io,
+                                  ggml_tensor * logits, ggml_tensor * hid, ggml_tensor * d2t_i32, int P, int n_blocks,
+                                  int block_len, bool want_logits, const dflash_pick & pick) {
+    ggml_context * ctx = g.ctx;
+    // the anchors: token 0 of every block, a strided view of the token input (gathered to [n_blocks])
+    ggml_tensor * prev = ggml_view_2d(ctx, io.tokens, 1, n_blocks, sizeof(int32_t) * block_len, 0);
+    prev = ggml_reshape_1d(ctx, ggml_cont(ctx, prev), n_blocks);
+    ggml_tensor * s = nullptr;
+    if (m.hp.markov == markov_head::rnn) {
+        s = ggml_fill(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m.hp.markov_rank, n_blocks), 0.0f);
+    }
+    ggml_tensor * out = logits;
+    for (int j = 0; j < P; ++j) {
+        ggml_tensor * e = ggml_get_rows(ctx, m.markov_w1, prev);  // [R, n_blocks]
+        ggml_tensor * h = slot_view(ctx, hid, j, P, n_blocks);
+        if (m.hp.markov != markov_head::vanilla) {
+            h = ggml_cont(ctx, h);
+        }
+        ggml_tensor * biased = ggml_add(ctx, slot_view(ctx, logits, j, P, n_blocks), markov_bias(g, m, e, h, &s));
+        if (m.conf_w) {
+            // confidence = σ(w · [h; e] + b)
+            ggml_tensor * hc = ggml_concat(ctx, ggml_cont(ctx, h), e, 0);
+            ggml_tensor * c = ggml_sigmoid(ctx, g.add(ggml_mul_mat(ctx, m.conf_w, hc), m.conf_b));  // [1, n_blocks]
+            ggml_set_output(c);
+            io.conf_out.push_back(c);
+        }
+        ggml_tensor * noise = io.noise ? ggml_view_2d(ctx, io.noise, io.noise->ne[0], n_blocks, io.noise->nb[1],
+                                                      io.noise->nb[2] * j) : nullptr;
+        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(g, biased, noise, pick), d2t_i32);  // [n_blocks]
+        ggml_set_output(tok);
+        io.tokens_out.push_back(tok);
+        prev = tok;
+        if (want_logits) {
+            out = ggml_set_2d_inplace(ctx, out, biased, logits->nb[1] * P, logits->nb[1] * j);
+        }
+    }
+    return out;
+}
+
+// Draft-vocab logits [Vd, n] -> target-vocab logits [V, n]: rows the draft cannot produce are -inf.
+static ggml_tensor * scatter_to_vocab(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * d2t, int64_t V) {
+    ggml_tensor * lt = ggml_cont(ctx, ggml_transpose(ctx, logits));                          // [n, Vd]
+    ggml_tensor * full = ggml_fill(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, lt->ne[0], V), -INFINITY);  // [n, V]
+    full = ggml_set_rows(ctx, full, lt, d2t);
+    return ggml_cont(ctx, ggml_transpose(ctx, full));                                          // [V, n]
+}
+
+dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model & m, const dspark_kv_cache & kv,
+                                      ggml_tensor * d2t_i32, int n_blocks, int block_len, int n_kv, bool flash,
+                                      bool want_logits, const dflash_pick & pick) {
+    const dflash_hparams & hp = m.hp;
+    ggml_context * ctx = g.ctx;
+    const int n_tok = n_blocks * block_len;
+    const int first = hp.first_pred_slot();
+    const int P = block_len - first;
+    const bool markov = hp.markov != markov_head::none;
+
+    dflash_block_graph io;
+    io.tokens = dspark_graph_input(ctx, GGML_TYPE_I32, n_tok, 0, "inp_block_tokens");
+    io.pos    = dspark_graph_input(ctx, GGML_TYPE_I32, n_tok, 0, "inp_block_pos");
+    io.kv_idx = dspark_graph_input(ctx, GGML_TYPE_I64, n_tok, 0, "inp_block_kv_idx");
+    io.mask   = dspark_graph_input(ctx, GGML_TYPE_F16, n_kv, n_tok, "inp_block_mask");
+    if (hp.n_swa > 0) {
+        io.mask_swa = dspark_graph_input(ctx, GGML_TYPE_F16, n_kv, n_tok, "inp_block_mask_swa");
+    }
+    if (pick.sample) {
+        io.noise = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hp.n_vocab_draft, n_blocks, P);
+        ggml_set_input(io.noise);
+        ggml_set_name(io.noise, "inp_gumbel");
+    }
+
+    ggml_tensor * x = ggml_get_rows(ctx, m.tok_embd, io.tokens);  // [E, n_tok]
+    if (hp.embedding_scale != 0.0f) {
+        x = ggml_scale(ctx, x, hp.embedding_scale);
+    }
+    for (int il = 0; il < hp.n_layer; ++il) {
+        x = block_layer(g, m, kv, il, x, io, n_kv, flash);
+    }
+    // only the predicting slots go through the head: [E, B, n_blocks] -> [E, P·n_blocks]
+    ggml_tensor * x3 = ggml_reshape_3d(ctx, x, hp.n_embd, block_len, n_blocks);
+    ggml_tensor * xp = ggml_view_3d(ctx, x3, hp.n_embd, P, n_blocks, x3->nb[1], x3->nb[2], x3->nb[1] * first);
+    ggml_tensor * hid = g.rms_norm(ggml_reshape_2d(ctx, ggml_cont(ctx, xp), hp.n_embd, (int64_t) P * n_blocks),
+                                   m.output_norm, hp.rms_eps);  // [E, P·n_blocks]
+    ggml_tensor * logits = g.mm(m.output, hid, m.output_s);       // [Vd, P·n_blocks]
+
+    if (markov) {
+        logits = markov_chain(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits, pick);
+    } else {
+        ggml_tensor * noise = io.noise ? ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, io.noise, 0, 2, 1, 3)),
+                                                         hp.n_vocab_draft, (int64_t) P * n_blocks) : nullptr;
+        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(g, logits, noise, pick), d2t_i32);  // [P·n_blocks]
+        ggml_set_output(tok);
+        io.tokens_out.push_back(tok);
+    }
+    for (ggml_tensor * t : io.tokens_out) {
+        g.expand(t);
+    }
+    for (ggml_tensor * t : io.conf_out) {
+        g.expand(t);
+    }
+    if (want_logits) {
+        io.logits = m.d2t ? scatter_to_vocab(ctx, logits, m.d2t, hp.n_vocab) : logits;
+        ggml_set_name(io.logits, "draft_logits");
+        ggml_set_output(io.logits);
+        g.expand(io.logits);
+    }
+    return io;
+}

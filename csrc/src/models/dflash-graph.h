@@ -1,0 +1,45 @@
+// Graphs of a DFlash / DSpark draft: feature injection into the draft's KV cache, and block
+// decoding with the DSpark Markov chain, confidence head and d2t mapping, for many sequences at once.
+#pragma once
+
+#include "dspark-graph.h"
+#include "models/dflash.h"
+
+#include <vector>
+
+// Inject target features as context K/V cells: g = RMSNorm(fc · f); per layer K = rope(k_norm(W_k g)),
+// V = W_v g (or the weightless RMSNorm of W_k g when the draft shares K and V).
+struct dflash_inject_graph {
+    ggml_tensor * feat   = nullptr;  // F32 [L·E, T]
+    ggml_tensor * pos    = nullptr;  // I32 [T]
+    ggml_tensor * kv_idx = nullptr;  // I64 [T]
+};
+
+dflash_inject_graph build_dflash_inject(const dspark_graph & g, const dflash_model & m, const dspark_kv_cache & kv,
+                                        int n_rows);
+
+// How drafted tokens are picked from each slot's (biased) logits.
+struct dflash_pick {
+    bool  sample      = false;  // false: argmax; true: argmax(logits / temperature + Gumbel noise)
+    float temperature = 1.0f;
+};
+
+// Decode n_blocks blocks of B tokens [anchor, MASK, ...] (block-major). Outputs cover the P
+// predicting slots of each block (P = B - first_pred_slot), block-major.
+struct dflash_block_graph {
+    // inputs
+    ggml_tensor * tokens   = nullptr;  // I32 [B·n_blocks]
+    ggml_tensor * pos      = nullptr;  // I32 [B·n_blocks]
+    ggml_tensor * kv_idx   = nullptr;  // I64 [B·n_blocks]
+    ggml_tensor * mask     = nullptr;  // F16 [n_kv, B·n_blocks]
+    ggml_tensor * mask_swa = nullptr;  // F16 [n_kv, B·n_blocks], sliding-window layers only
+    ggml_tensor * noise    = nullptr;  // F32 [Vd, n_blocks, P] Gumbel noise when sampling
+    // outputs
+    std::vector<ggml_tensor *> tokens_out;  // per predicting slot: I32 [n_blocks], target ids
+    std::vector<ggml_tensor *> conf_out;    // per predicting slot: F32 [1, n_blocks] (confidence head)
+    ggml_tensor * logits = nullptr;         // F32 [V, P·n_blocks] when asked for (full vocabulary)
+};
+
+dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model & m, const dspark_kv_cache & kv,
+                                      ggml_tensor * d2t_i32, int n_blocks, int block_len, int n_kv, bool flash,
+                                      bool want_logits, const dflash_pick & pick);

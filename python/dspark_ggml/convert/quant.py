@@ -1,0 +1,77 @@
+"""Output types: which GGML type each tensor gets, and the encoding of f32 rows into it.
+
+The per-tensor rule is llama.cpp's converter's: 1-D tensors, `*_norm.weight` and anything that
+is not a `.weight` (biases) stay F32; the other matrices take the requested type; q8_0 falls back
+to F16 for a matrix whose rows do not split into 32-element blocks. Encoding uses the `gguf`
+package's quantizers, which are bit-exact with ggml's reference ones.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+from gguf.quants import quantize
+
+from .errors import ConversionError
+from .safetensors_io import Checkpoint
+
+Q = GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class OutType:
+    name: str
+    matrix_type: GGMLQuantizationType  # what 2-D weights become
+    file_type: LlamaFileType  # general.file_type
+
+
+OUT_TYPES = {
+    "f32": OutType("f32", Q.F32, LlamaFileType.ALL_F32),
+    "f16": OutType("f16", Q.F16, LlamaFileType.MOSTLY_F16),
+    "bf16": OutType("bf16", Q.BF16, LlamaFileType.MOSTLY_BF16),
+    "q8_0": OutType("q8_0", Q.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+}
+OUTTYPE_CHOICES = (*OUT_TYPES, "auto")
+
+
+def resolve_outtype(name: str, checkpoint: Checkpoint) -> OutType:
+    """`auto` keeps bf16 or f16 checkpoints in their type and makes f32 ones f16 (as llama.cpp)."""
+    if name in OUT_TYPES:
+        return OUT_TYPES[name]
+    if name != "auto":
+        raise ConversionError(f"unknown --outtype {name!r} (choose from {', '.join(OUTTYPE_CHOICES)})")
+    for ref in checkpoint.values():
+        if len(ref.shape) >= 2 and ref.dtype in ("BF16", "F16"):
+            return OUT_TYPES["bf16" if ref.dtype == "BF16" else "f16"]
+    return OUT_TYPES["f16"]
+
+
+def tensor_type(gguf_name: str, shape: tuple[int, ...], out: OutType) -> GGMLQuantizationType:
+    """GGML type of one float tensor (`shape` in PyTorch order)."""
+    if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or not gguf_name.endswith(".weight"):
+        return Q.F32
+    block = GGML_QUANT_SIZES[out.matrix_type][0]
+    if shape[-1] % block != 0:
+        return Q.F16  # llama.cpp's fallback when a quantized type cannot hold the row
+    return out.matrix_type
+
+
+def encoded_nbytes(shape: tuple[int, ...], qtype: GGMLQuantizationType) -> int:
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    n = math.prod(shape)
+    if n % block:
+        raise ValueError(f"{n} elements do not split into {qtype.name} blocks")
+    return n // block * type_size
+
+
+def encode(rows: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """Encode a block of whole rows (any float dtype, or int64 for I64) for the file."""
+    if qtype == Q.I64:
+        return rows.astype("<i8", copy=False)
+    if qtype == Q.F32:
+        return rows.astype(np.float32, copy=False)
+    if qtype == Q.F16:
+        return rows.astype(np.float16, copy=False)
+    return quantize(rows.astype(np.float32, copy=False), qtype)

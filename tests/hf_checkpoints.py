@@ -1,0 +1,564 @@
+"""Tiny random Hugging Face checkpoints in every format the converter reads.
+
+Each `make_*` function writes one model directory (config.json + model.safetensors, and for
+targets the tokenizer files) and returns its path. Everything is seeded, so the same call always
+writes the same bytes. Config fields and tensor names/shapes follow each producer's format
+(DeepSpec dense, vLLM speculators, SpecForge, z-lab DFlash); the values are random. Drafts built
+for a target copy its embedding / lm head where the real trainers do, and use the first id past
+the tokenizer as mask token (where the real Qwen3 DSpark mask token sits).
+
+Targets: `make_qwen3_target`, `make_qwen2_target`, `make_llama_target`.
+Drafts (need a target directory, whose embedding / head they copy like the real trainers do):
+`make_deepspec_dspark`, `make_speculators_dspark`, `make_specforge_dspark`, `make_zlab_dflash`.
+
+torch is used only to write the files (bf16 needs it); the converter under test never imports it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+# Pre-tokenizer split patterns of the real Qwen2/Qwen3 and Llama-3 tokenizers (they differ only in
+# how digits are grouped).
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, speculative decoding drafts tokens in blocks",
+    "a draft model proposes and the target model verifies 123 4567",
+    "<think> the anchor token comes first </think>",
+]
+
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}"
+    "<|end_header_id|>\n\n{{ message['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyShape:
+    """Backbone sizes. Multiples of 32 where q8_0 needs them, so both paths get exercised."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    num_hidden_layers: int = 4
+    vocab_size: int = 320  # larger than the tokenizer, like Qwen3's padded vocab
+    max_position_embeddings: int = 512
+
+
+DEFAULT_SHAPE = TinyShape()
+DRAFT_LAYERS = 2
+
+
+# ----------------------------------------------------------------------------------------------
+# small helpers
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+class _Weights:
+    """Seeded random tensors of one dtype."""
+
+    def __init__(self, seed: int, dtype: str):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.dtype = getattr(torch, dtype)
+
+    def matrix(self, rows: int, cols: int) -> torch.Tensor:
+        return (torch.randn(rows, cols, generator=self.gen) * 0.05).to(self.dtype)
+
+    def vector(self, n: int, around: float = 0.0) -> torch.Tensor:
+        return (around + torch.randn(n, generator=self.gen) * 0.1).to(self.dtype)
+
+
+def _save(out_dir: Path, tensors: dict[str, torch.Tensor]) -> None:
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+
+
+def _prepare(out_dir: Path | str) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# tokenizers
+
+
+def _train_byte_level_bpe(split_pattern: str) -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split_pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS * 4, trainer)
+    return tok
+
+
+def write_qwen_tokenizer(out_dir: Path) -> dict[str, int]:
+    """Byte-level BPE shaped like Qwen2/Qwen3's; returns the special token ids."""
+    tok = _train_byte_level_bpe(QWEN2_SPLIT_PATTERN)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    tok.add_tokens(["<think>", "</think>"])  # added but not special, like Qwen3's
+    tok.save(str(out_dir / "tokenizer.json"))
+    ids = {t: tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>")}
+    _write_json(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "errors": "replace",
+        "model_max_length": 512,
+        "chat_template": QWEN_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+    })
+    ids["n_tokens"] = tok.get_vocab_size()
+    return ids
+
+
+def write_llama3_tokenizer(out_dir: Path) -> dict[str, int]:
+    """Byte-level BPE shaped like Llama-3's (BOS added by a TemplateProcessing post-processor)."""
+    tok = _train_byte_level_bpe(LLAMA3_SPLIT_PATTERN)
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                "<|eot_id|>"]
+    tok.add_special_tokens(specials)
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                      pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
+                                      special_tokens=[("<|begin_of_text|>", bos)]),
+    ])
+    tok.save(str(out_dir / "tokenizer.json"))
+    _write_json(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|eot_id|>",
+        "model_max_length": 512,
+        "chat_template": LLAMA_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": True,
+    })
+    ids = {t: tok.token_to_id(t) for t in specials}
+    ids["n_tokens"] = tok.get_vocab_size()
+    return ids
+
+
+# ----------------------------------------------------------------------------------------------
+# backbone tensors (HF names, [out, in] layout)
+
+
+def _layer_tensors(w: _Weights, prefix: str, s: TinyShape, *, qk_norm: bool, qkv_bias: bool
+                   ) -> dict[str, torch.Tensor]:
+    q_out, kv_out = s.num_attention_heads * s.head_dim, s.num_key_value_heads * s.head_dim
+    t = {
+        f"{prefix}input_layernorm.weight": w.vector(s.hidden_size, around=1.0),
+        f"{prefix}self_attn.q_proj.weight": w.matrix(q_out, s.hidden_size),
+        f"{prefix}self_attn.k_proj.weight": w.matrix(kv_out, s.hidden_size),
+        f"{prefix}self_attn.v_proj.weight": w.matrix(kv_out, s.hidden_size),
+        f"{prefix}self_attn.o_proj.weight": w.matrix(s.hidden_size, q_out),
+        f"{prefix}post_attention_layernorm.weight": w.vector(s.hidden_size, around=1.0),
+        f"{prefix}mlp.gate_proj.weight": w.matrix(s.intermediate_size, s.hidden_size),
+        f"{prefix}mlp.up_proj.weight": w.matrix(s.intermediate_size, s.hidden_size),
+        f"{prefix}mlp.down_proj.weight": w.matrix(s.hidden_size, s.intermediate_size),
+    }
+    if qk_norm:
+        t[f"{prefix}self_attn.q_norm.weight"] = w.vector(s.head_dim, around=1.0)
+        t[f"{prefix}self_attn.k_norm.weight"] = w.vector(s.head_dim, around=1.0)
+    if qkv_bias:
+        t[f"{prefix}self_attn.q_proj.bias"] = w.vector(q_out)
+        t[f"{prefix}self_attn.k_proj.bias"] = w.vector(kv_out)
+        t[f"{prefix}self_attn.v_proj.bias"] = w.vector(kv_out)
+    return t
+
+
+def _target_tensors(w: _Weights, s: TinyShape, *, qk_norm: bool, qkv_bias: bool, tied: bool
+                    ) -> dict[str, torch.Tensor]:
+    t = {"model.embed_tokens.weight": w.matrix(s.vocab_size, s.hidden_size),
+         "model.norm.weight": w.vector(s.hidden_size, around=1.0)}
+    for i in range(s.num_hidden_layers):
+        t.update(_layer_tensors(w, f"model.layers.{i}.", s, qk_norm=qk_norm, qkv_bias=qkv_bias))
+    if not tied:
+        t["lm_head.weight"] = w.matrix(s.vocab_size, s.hidden_size)
+    return t
+
+
+def _common_config(s: TinyShape, dtype: str) -> dict:
+    return {
+        "attention_dropout": 0.0,
+        "head_dim": s.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": s.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": s.intermediate_size,
+        "max_position_embeddings": s.max_position_embeddings,
+        "num_attention_heads": s.num_attention_heads,
+        "num_hidden_layers": s.num_hidden_layers,
+        "num_key_value_heads": s.num_key_value_heads,
+        "rms_norm_eps": 1e-6,
+        "dtype": dtype,
+        "transformers_version": "5.24.0",
+        "use_cache": True,
+        "vocab_size": s.vocab_size,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# targets
+
+
+def make_qwen3_target(out_dir: Path | str, *, seed: int = 0, dtype: str = "bfloat16",
+                      shape: TinyShape = DEFAULT_SHAPE, tie_word_embeddings: bool = False) -> Path:
+    """Qwen3ForCausalLM with transformers-5 style `rope_parameters`."""
+    out = _prepare(out_dir)
+    ids = write_qwen_tokenizer(out)
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+           **_common_config(shape, dtype),
+           "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
+           "max_window_layers": shape.num_hidden_layers, "layer_types":
+           ["full_attention"] * shape.num_hidden_layers,
+           "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+           "sliding_window": None, "use_sliding_window": False,
+           "tie_word_embeddings": tie_word_embeddings}
+    _write_json(out / "config.json", cfg)
+    w = _Weights(seed, dtype)
+    _save(out, _target_tensors(w, shape, qk_norm=True, qkv_bias=False, tied=tie_word_embeddings))
+    return out
+
+
+def make_qwen2_target(out_dir: Path | str, *, seed: int = 1, dtype: str = "float32",
+                      shape: TinyShape = DEFAULT_SHAPE, tie_word_embeddings: bool = True) -> Path:
+    """Qwen2ForCausalLM (q/k/v biases, no q/k norms), older config style with top-level rope_theta."""
+    out = _prepare(out_dir)
+    ids = write_qwen_tokenizer(out)
+    cfg = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+           **_common_config(shape, dtype),
+           "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
+           "max_window_layers": shape.num_hidden_layers, "rope_theta": 10000.0,
+           "rope_scaling": None, "sliding_window": 4096, "use_sliding_window": False,
+           "tie_word_embeddings": tie_word_embeddings}
+    del cfg["head_dim"]  # Qwen2 configs derive it from hidden_size / num_attention_heads
+    _write_json(out / "config.json", cfg)
+    w = _Weights(seed, dtype)
+    _save(out, _target_tensors(w, shape, qk_norm=False, qkv_bias=True, tied=tie_word_embeddings))
+    return out
+
+
+def make_llama_target(out_dir: Path | str, *, seed: int = 2, dtype: str = "float16",
+                      shape: TinyShape = DEFAULT_SHAPE, llama3_rope: bool = True) -> Path:
+    """LlamaForCausalLM shaped like Llama-3.x (llama3 rope scaling, BOS-adding tokenizer)."""
+    out = _prepare(out_dir)
+    ids = write_llama3_tokenizer(out)
+    rope_scaling = ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+                    if llama3_rope else None)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+           **_common_config(shape, dtype),
+           "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
+           "bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": ids["<|eot_id|>"],
+           "rope_theta": 500000.0, "rope_scaling": rope_scaling, "tie_word_embeddings": False}
+    _write_json(out / "config.json", cfg)
+    w = _Weights(seed, dtype)
+    _save(out, _target_tensors(w, shape, qk_norm=False, qkv_bias=False, tied=False))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# drafts
+
+
+@dataclass(frozen=True)
+class _TargetView:
+    config: dict
+    tensors: dict[str, torch.Tensor]
+    first_unused_id: int  # first id past the tokenizer: where the real Qwen3 DSpark mask token sits
+
+    @property
+    def embed(self) -> torch.Tensor:
+        return self.tensors["model.embed_tokens.weight"]
+
+    @property
+    def head(self) -> torch.Tensor:
+        return self.tensors.get("lm_head.weight", self.embed)
+
+    def draft_shape(self, num_layers: int) -> TinyShape:
+        c = self.config
+        return TinyShape(hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
+                         num_attention_heads=c["num_attention_heads"],
+                         num_key_value_heads=c["num_key_value_heads"],
+                         head_dim=c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]),
+                         num_hidden_layers=num_layers, vocab_size=c["vocab_size"],
+                         max_position_embeddings=c["max_position_embeddings"])
+
+
+def _read_target(target_dir: Path | str) -> _TargetView:
+    target = Path(target_dir)
+    tokenizer = _read_json(target / "tokenizer.json")
+    n_tokens = 1 + max([*tokenizer["model"]["vocab"].values(),
+                        *(t["id"] for t in tokenizer["added_tokens"])])
+    return _TargetView(_read_json(target / "config.json"),
+                       load_file(str(target / "model.safetensors")), n_tokens)
+
+
+def _draft_backbone(w: _Weights, s: TinyShape, n_target_features: int) -> dict[str, torch.Tensor]:
+    """Tensors every DFlash-family draft has (no `model.` prefix, as the trainers save them)."""
+    t = {"fc.weight": w.matrix(s.hidden_size, n_target_features * s.hidden_size),
+         "hidden_norm.weight": w.vector(s.hidden_size, around=1.0),
+         "norm.weight": w.vector(s.hidden_size, around=1.0)}
+    for i in range(s.num_hidden_layers):
+        t.update(_layer_tensors(w, f"layers.{i}.", s, qk_norm=True, qkv_bias=False))
+    return t
+
+
+def _markov_tensors(w: _Weights, head_type: str, rank: int, hidden: int, n_vocab: int,
+                    n_vocab_draft: int) -> dict[str, torch.Tensor]:
+    t = {"markov_head.markov_w1.weight": w.matrix(n_vocab, rank),
+         "markov_head.markov_w2.weight": w.matrix(n_vocab_draft, rank)}
+    if head_type == "gated":
+        t["markov_head.gate_proj.weight"] = w.matrix(rank, hidden + rank)
+        t["markov_head.gate_proj.bias"] = w.vector(rank)
+    elif head_type == "rnn":
+        t["markov_head.joint_proj.weight"] = w.matrix(3 * rank, 2 * rank + hidden)
+        t["markov_head.joint_proj.bias"] = w.vector(3 * rank)
+    elif head_type != "vanilla":
+        raise ValueError(f"unknown markov head type {head_type!r}")
+    return t
+
+
+def _confidence_tensors(w: _Weights, hidden: int, rank: int) -> dict[str, torch.Tensor]:
+    return {"confidence_head.proj.weight": w.matrix(1, hidden + rank),
+            "confidence_head.proj.bias": w.vector(1)}
+
+
+def _draft_qwen3_config(target: _TargetView, s: TinyShape, dtype: str) -> dict:
+    """A draft config is a copy of the target's with the draft depth (DeepSpec, SpecForge, z-lab)."""
+    cfg = {"model_type": "qwen3", "attention_bias": False, **_common_config(s, dtype),
+           "layer_types": ["full_attention"] * s.num_hidden_layers,
+           "max_window_layers": s.num_hidden_layers, "sliding_window": None,
+           "use_sliding_window": False, "tie_word_embeddings": False,
+           "num_target_layers": target.config["num_hidden_layers"]}
+    for key in ("rope_parameters", "rope_theta", "rope_scaling", "bos_token_id", "eos_token_id"):
+        if key in target.config:
+            cfg[key] = target.config[key]
+    return cfg
+
+
+def make_deepspec_dspark(out_dir: Path | str, target_dir: Path | str, *,
+                         head_type: Optional[str] = "vanilla", markov_rank: int = 8,
+                         confidence_head: bool = True, block_size: int = 7,
+                         target_layer_ids: Sequence[int] = (0, 2), num_layers: int = DRAFT_LAYERS,
+                         seed: int = 10, dtype: str = "bfloat16") -> Path:
+    """DeepSpec dense `Qwen3DSparkModel` (head_type=None: a DeepSpec DFlash, markov_rank 0).
+
+    Flat config; carries frozen copies of the target embedding and lm head."""
+    out = _prepare(out_dir)
+    target = _read_target(target_dir)
+    s = target.draft_shape(num_layers)
+    rank = markov_rank if head_type else 0
+    cfg = {"architectures": ["Qwen3DSparkModel"], **_draft_qwen3_config(target, s, dtype),
+           "block_size": block_size, "mask_token_id": target.first_unused_id,
+           "target_layer_ids": list(target_layer_ids), "num_anchors": 512,
+           "enable_confidence_head": bool(confidence_head and head_type), "markov_rank": rank}
+    if cfg["enable_confidence_head"]:
+        cfg["confidence_head_with_markov"] = True
+    if head_type:
+        cfg["markov_head_type"] = head_type
+    _write_json(out / "config.json", cfg)
+
+    w = _Weights(seed, dtype)
+    t = _draft_backbone(w, s, len(target_layer_ids))
+    t["embed_tokens.weight"] = target.embed.to(w.dtype).clone()
+    t["lm_head.weight"] = target.head.to(w.dtype).clone()
+    if head_type:
+        t.update(_markov_tensors(w, head_type, rank, s.hidden_size, s.vocab_size, s.vocab_size))
+        if confidence_head:
+            t.update(_confidence_tensors(w, s.hidden_size, rank))
+    _save(out, t)
+    return out
+
+
+def _reduced_vocab(gen: torch.Generator, n_vocab: int, n_draft: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted target ids, d2t offsets, t2d mask) as speculators builds them."""
+    ids = torch.randperm(n_vocab, generator=gen)[:n_draft].sort().values
+    d2t = (ids - torch.arange(n_draft)).to(torch.int64)
+    t2d = torch.zeros(n_vocab, dtype=torch.bool)
+    t2d[ids] = True
+    return ids, d2t, t2d
+
+
+def make_speculators_dspark(out_dir: Path | str, target_dir: Path | str, *,
+                            draft_vocab_size: Optional[int] = None,
+                            sample_from_anchor: Optional[bool] = True,
+                            head_type: str = "vanilla", markov_rank: int = 8,
+                            confidence_head: bool = True, block_size: int = 8,
+                            aux_hidden_state_layer_ids: Sequence[int] = (1, 3),
+                            sliding_window: Optional[int] = None,
+                            num_layers: int = DRAFT_LAYERS, seed: int = 20,
+                            dtype: str = "bfloat16") -> Path:
+    """vLLM speculators DSpark export (`DSparkDraftModel`, nested `transformer_layer_config`).
+
+    `draft_vocab_size` < target vocab writes a reduced lm head with `d2t` offsets and `t2d`.
+    `sample_from_anchor=None` leaves the field out. `sliding_window` makes every layer a
+    sliding-window layer (the speculators default), causal inside the block."""
+    out = _prepare(out_dir)
+    target = _read_target(target_dir)
+    s = target.draft_shape(num_layers)
+    n_draft = draft_vocab_size or s.vocab_size
+    layer_cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                 "attention_bias": False, **_common_config(s, dtype),
+                 "layer_types": ["sliding_attention" if sliding_window else "full_attention"]
+                 * s.num_hidden_layers,
+                 "sliding_window": sliding_window, "use_sliding_window": bool(sliding_window),
+                 "max_window_layers": s.num_hidden_layers, "tie_word_embeddings": False}
+    for key in ("rope_parameters", "rope_theta"):
+        if key in target.config:
+            layer_cfg[key] = target.config[key]
+    n_spec = block_size if sample_from_anchor else block_size - 1
+    cfg = {
+        "architectures": ["DSparkDraftModel"],
+        "speculators_model_type": "dspark",
+        "speculators_version": "0.5.0",
+        "speculators_config": {
+            "algorithm": "dspark",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": n_spec,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": str(target_dir), "architectures":
+                         target.config["architectures"]},
+        },
+        "transformer_layer_config": layer_cfg,
+        "draft_vocab_size": n_draft,
+        "block_size": block_size,
+        "target_hidden_size": None,
+        "aux_hidden_state_layer_ids": list(aux_hidden_state_layer_ids),
+        "mask_token_id": target.first_unused_id,
+        "sliding_window_non_causal": False,
+        "markov_rank": markov_rank,
+        "markov_head_type": head_type,
+        "enable_confidence_head": confidence_head,
+        "confidence_head_with_markov": True,
+        "dtype": dtype,
+        "transformers_version": "5.24.0",
+    }
+    if sample_from_anchor is not None:
+        cfg["sample_from_anchor"] = sample_from_anchor
+    _write_json(out / "config.json", cfg)
+
+    w = _Weights(seed, dtype)
+    t = _draft_backbone(w, s, len(aux_hidden_state_layer_ids))
+    t["embed_tokens.weight"] = target.embed.to(w.dtype).clone()
+    if n_draft < s.vocab_size:
+        ids, d2t, t2d = _reduced_vocab(w.gen, s.vocab_size, n_draft)
+        t["lm_head.weight"] = target.head[ids].to(w.dtype).clone()
+        t["d2t"], t["t2d"] = d2t, t2d
+    else:
+        t["lm_head.weight"] = target.head.to(w.dtype).clone()
+    t.update(_markov_tensors(w, head_type, markov_rank, s.hidden_size, s.vocab_size, n_draft))
+    if confidence_head:
+        t.update(_confidence_tensors(w, s.hidden_size, markov_rank))
+    _save(out, t)
+    return out
+
+
+def make_specforge_dspark(out_dir: Path | str, target_dir: Path | str, *,
+                          head_type: str = "vanilla", markov_rank: int = 8,
+                          confidence_head: bool = True, block_size: int = 7,
+                          target_layer_ids: Sequence[int] = (0, 2), legacy_keys: bool = False,
+                          num_layers: int = DRAFT_LAYERS, seed: int = 30,
+                          dtype: str = "bfloat16") -> Path:
+    """SpecForge DSpark export (`DSparkDraftModel`, nested `dflash_config`, no embedding/head).
+
+    `legacy_keys` stores the heads under the older `logit_head.` prefix."""
+    out = _prepare(out_dir)
+    target = _read_target(target_dir)
+    s = target.draft_shape(num_layers)
+    cfg = {"architectures": ["DSparkDraftModel"],
+           "auto_map": {"AutoModel": "dspark.DSparkDraftModel"},
+           **_draft_qwen3_config(target, s, dtype), "block_size": block_size,
+           "dflash_config": {"attention_mode": "gqa", "mask_token_id": target.first_unused_id,
+                             "target_layer_ids": list(target_layer_ids),
+                             "projector_type": "dspark", "markov_rank": markov_rank,
+                             "markov_head_type": head_type, "confidence_head_alpha": 1.0,
+                             "enable_confidence_head": confidence_head,
+                             "confidence_head_with_markov": True}}
+    _write_json(out / "config.json", cfg)
+
+    w = _Weights(seed, dtype)
+    t = _draft_backbone(w, s, len(target_layer_ids))
+    heads = _markov_tensors(w, head_type, markov_rank, s.hidden_size, s.vocab_size, s.vocab_size)
+    if confidence_head:
+        heads.update(_confidence_tensors(w, s.hidden_size, markov_rank))
+    prefix = "logit_head." if legacy_keys else ""
+    t.update({prefix + k: v for k, v in heads.items()})
+    _save(out, t)
+    return out
+
+
+def make_zlab_dflash(out_dir: Path | str, target_dir: Path | str, *, block_size: int = 16,
+                     target_layer_ids: Sequence[int] = (0, 2), num_layers: int = DRAFT_LAYERS,
+                     seed: int = 40, dtype: str = "bfloat16") -> Path:
+    """z-lab DFlash (`DFlashDraftModel`): backbone only, no Markov or confidence head."""
+    out = _prepare(out_dir)
+    target = _read_target(target_dir)
+    s = target.draft_shape(num_layers)
+    cfg = {"architectures": ["DFlashDraftModel"],
+           "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+           **_draft_qwen3_config(target, s, dtype), "block_size": block_size,
+           "dflash_config": {"mask_token_id": target.first_unused_id,
+                             "target_layer_ids": list(target_layer_ids)}}
+    _write_json(out / "config.json", cfg)
+    _save(out, _draft_backbone(_Weights(seed, dtype), s, len(target_layer_ids)))
+    return out
+
+
+def edit_config(model_dir: Path | str, **changes) -> None:
+    """Overwrite (value) or delete (None) top-level config.json fields; for negative tests."""
+    path = Path(model_dir) / "config.json"
+    cfg = _read_json(path)
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    _write_json(path, cfg)
+
+
+__all__ = [
+    "TinyShape", "DEFAULT_SHAPE", "make_qwen3_target", "make_qwen2_target", "make_llama_target",
+    "make_deepspec_dspark", "make_speculators_dspark", "make_specforge_dspark", "make_zlab_dflash",
+    "edit_config", "write_qwen_tokenizer", "write_llama3_tokenizer",
+]

@@ -1,0 +1,212 @@
+"""The DFlash / DSpark draft runtime against the numpy reference (tests/reference/numpy_draft.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark_ggml.context import Context
+from dspark_ggml.draft import DraftContext, DraftModel
+from dspark_ggml.errors import FileFormatError, InvalidArgumentError
+from dspark_ggml.model import Model
+from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft
+from tests.reference.numpy_draft import DraftRef
+
+TARGET = dict(n_layer=4)
+PROMPTS = [np.array([3, 17, 42, 99, 5, 260, 7, 1, 64, 128, 31], np.int32),
+           np.array([9, 8, 7, 6, 5], np.int32),
+           np.array([100, 200, 300, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23], np.int32)]
+
+VARIANTS = {
+    "dflash": dict(kind="dflash", block_size=5),
+    "dspark-anchor-first": dict(),
+    "dspark-1+N": dict(sample_from_anchor=False, block_size=5),
+    "reduced-vocab": dict(draft_vocab=100, own_head=True),
+    "reduced-vocab-self-contained": dict(draft_vocab=100, own_head=True, own_embeddings=True, markov_head_type="gated"),
+    "gated": dict(markov_head_type="gated"),
+    "rnn": dict(markov_head_type="rnn"),
+    "rnn-1+N": dict(markov_head_type="rnn", sample_from_anchor=False),
+    "no-confidence": dict(confidence_head=False),
+    "scales": dict(fc_scale=True, markov_w2_scale=True, n_layer=2),
+    "gemma-style": dict(shared_kv=True, post_norms=True, layer_output_scale=True, hidden_activation="gelu_pytorch_tanh",
+                        embedding_scale=8.0, attention_scale=1.0, value_scale=0.5),
+    "sliding-window": dict(n_layer=2, sliding_window=4, sliding_window_pattern=[True, False]),
+    "causal": dict(causal=True),
+}
+
+
+@pytest.fixture(scope="module")
+def target(make_target):
+    return make_target("draft_target", **TARGET)
+
+
+def _draft(tmp_path, target, name, **fields):
+    tpath, tw, tcfg = target
+    dcfg = DraftConfig(**fields)
+    dw = write_draft(tmp_path / f"{name}.gguf", dcfg, tcfg, seed=7)
+    t = Model(tpath)
+    return t, DraftModel(tmp_path / f"{name}.gguf", t), DraftRef(dw, dcfg, tw, tcfg)
+
+
+def _features(t: Model, layers, prompts) -> list[np.ndarray]:
+    ctx = Context(t, n_ctx=128, type_kv="f32")
+    ctx.set_capture_layers(layers)
+    out = []
+    for p in prompts:
+        ctx.kv_clear()
+        ctx.decode(p, outputs=np.zeros(len(p), bool) | (np.arange(len(p)) == len(p) - 1))
+        out.append(ctx.get_captured(copy=True))
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_block_matches_numpy_for_three_sequences_at_once(tmp_path, target, variant):
+    t, d, _ = _draft(tmp_path, target, variant, **VARIANTS[variant])
+    feats = _features(t, d.info.target_layers, PROMPTS)
+    dctx = DraftContext(d, n_ctx=128, n_seq_max=3, type_kv="f32")
+    # inject the three contexts in one interleaved batch
+    rows, pos, seq = [], [], []
+    for i in range(max(len(p) for p in PROMPTS)):
+        for s, f in enumerate(feats):
+            if i < len(f):
+                rows.append(f[i]), pos.append(i), seq.append(s)
+    dctx.inject(np.stack(rows), pos, seq)
+    anchors = [77, 5, 250]
+    pos0 = [len(p) for p in PROMPTS]
+    prop = dctx.propose(anchors, pos0, want_logits=True)
+    first = d.info.block_size - d.info.max_draft
+    assert prop.tokens.shape == (3, d.info.max_draft)
+    for s in range(3):
+        ref = _draft(tmp_path, target, variant, **VARIANTS[variant])[2]
+        ref.inject(feats[s], np.arange(len(PROMPTS[s])))
+        r = ref.propose(anchors[s], pos0[s], d.info.block_size)
+        assert prop.tokens[s].tolist() == r["tokens"][first:].tolist()
+        rl = r["logits"][first:]
+        finite = np.isfinite(rl)
+        assert (np.isfinite(prop.logits[s]) == finite).all()  # a reduced vocab leaves -inf rows
+        assert np.abs(prop.logits[s][finite] - rl[finite]).max() <= 1e-3
+        if r["confidence"] is not None:
+            assert np.abs(prop.confidence[s] - r["confidence"][first:]).max() <= 1e-4
+        else:
+            assert prop.confidence is None
+
+
+def test_shorter_blocks_and_unchanged_cache(tmp_path, target):
+    t, d, ref = _draft(tmp_path, target, "short")
+    feats = _features(t, d.info.target_layers, PROMPTS[:1])[0]
+    dctx = DraftContext(d, n_ctx=128, type_kv="f32")
+    dctx.inject(feats, np.arange(len(feats)))
+    ref.inject(feats, np.arange(len(feats)))
+    used = dctx.kv.n_used
+    for n in range(1, d.info.max_draft + 1):
+        p = dctx.propose([42], [len(feats)], n_draft=n)
+        assert p.tokens[0].tolist() == ref.propose(42, len(feats), n)["tokens"].tolist()
+        assert dctx.kv.n_used == used  # block cells are temporary
+
+
+def test_rollback_then_reinject(tmp_path, target):
+    t, d, ref = _draft(tmp_path, target, "rollback")
+    feats = _features(t, d.info.target_layers, PROMPTS[:1])[0]
+    dctx = DraftContext(d, n_ctx=128, type_kv="f32")
+    dctx.inject(feats, np.arange(len(feats)))
+    before = dctx.propose([1], [len(feats)]).tokens
+    dctx.kv.seq_rm(0, 6)  # rejected positions
+    dctx.inject(feats[6:], np.arange(6, len(feats)))
+    assert dctx.propose([1], [len(feats)]).tokens.tolist() == before.tolist()
+
+
+def test_sampling_is_seeded(tmp_path, target):
+    t, d, _ = _draft(tmp_path, target, "sampled")
+    feats = _features(t, d.info.target_layers, PROMPTS[:1])[0]
+    dctx = DraftContext(d, n_ctx=128)
+    dctx.inject(feats, np.arange(len(feats)))
+    a = dctx.propose([1], [len(feats)], temperature=1.0, seed=3).tokens
+    b = dctx.propose([1], [len(feats)], temperature=1.0, seed=3).tokens
+    draws = {tuple(dctx.propose([1], [len(feats)], temperature=2.0, seed=s).tokens[0]) for s in range(20)}
+    assert a.tolist() == b.tolist() and len(draws) > 1
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+
+def test_draft_for_a_mismatched_target(tmp_path, target, make_target):
+    tpath, tw, tcfg = target
+    write_draft(tmp_path / "d.gguf", DraftConfig(), TargetConfig(**TARGET), seed=1)
+    wide = Model(make_target("wide", n_layer=4, n_embd=96)[0])
+    with pytest.raises(InvalidArgumentError, match="hidden size mismatch.*n_embd 64.*96"):
+        DraftModel(tmp_path / "d.gguf", wide)
+    shallow = Model(make_target("shallow", n_layer=2)[0])
+    with pytest.raises(InvalidArgumentError, match="reads target layer 3 but the target .* has layers 0..2"):
+        DraftModel(tmp_path / "d.gguf", shallow)
+    other_vocab = Model(make_target("vocab400", n_layer=4, n_vocab=400)[0])
+    write_draft(tmp_path / "own.gguf", DraftConfig(own_embeddings=True), TargetConfig(**TARGET), seed=1)
+    with pytest.raises(InvalidArgumentError, match="vocabulary mismatch"):
+        DraftModel(tmp_path / "own.gguf", other_vocab)
+    with pytest.raises(InvalidArgumentError, match="load it with its target"):
+        DraftModel(tmp_path / "d.gguf", None)
+    with pytest.raises(InvalidArgumentError, match="not a DFlash/DSpark draft"):
+        DraftModel(tpath, Model(tpath))
+
+
+def test_missing_mask_token_and_bad_d2t(tmp_path, target):
+    import gguf
+
+    tpath, tw, tcfg = target
+    src = tmp_path / "src.gguf"
+    write_draft(src, DraftConfig(draft_vocab=50, own_head=True), tcfg, seed=1)
+    r = gguf.GGUFReader(src)
+
+    def rewrite(dst, drop_key=None, d2t=None):
+        w = gguf.GGUFWriter(dst, "dflash")
+        for name, field in r.fields.items():
+            if name.startswith("GGUF.") or name in ("general.architecture", drop_key):
+                continue
+            vt = field.types[0]
+            if vt == gguf.GGUFValueType.ARRAY:
+                w.add_array(name, field.contents())
+            else:
+                w.add_key_value(name, field.contents(), vt)
+        for t in r.tensors:
+            data = np.array(t.data)
+            if t.name == "d2t" and d2t is not None:
+                data = np.asarray(d2t, dtype=np.int64)
+            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+        w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+        return dst
+
+    t = Model(tpath)
+    with pytest.raises(FileFormatError, match="mask_token_id"):
+        DraftModel(rewrite(tmp_path / "nomask.gguf", drop_key="tokenizer.ggml.mask_token_id"), t)
+    good_d2t = np.array(r.tensors[[x.name for x in r.tensors].index("d2t")].data)
+    out_of_range = good_d2t.copy()
+    out_of_range[3] = 320
+    with pytest.raises(FileFormatError, match=r"d2t\[3\] = 320 is outside the target vocabulary"):
+        DraftModel(rewrite(tmp_path / "d2t_range.gguf", d2t=out_of_range), t)
+    dup = good_d2t.copy()
+    dup[4] = dup[5]
+    with pytest.raises(FileFormatError, match="d2t maps two draft ids"):
+        DraftModel(rewrite(tmp_path / "d2t_dup.gguf", d2t=dup), t)
+
+
+def test_bad_inject_and_propose_calls(tmp_path, target):
+    t, d, _ = _draft(tmp_path, target, "bad")
+    feats = _features(t, d.info.target_layers, PROMPTS[:1])[0]
+    dctx = DraftContext(d, n_ctx=64, n_seq_max=2)
+    dctx.inject(feats, np.arange(len(feats)))
+    used = dctx.kv.n_used
+    with pytest.raises(InvalidArgumentError, match="width"):
+        dctx.inject(feats[:, :10], [20] * len(feats))
+    with pytest.raises(InvalidArgumentError, match="must follow the injected ones"):
+        dctx.inject(feats[:2], [3, 4])
+    with pytest.raises(InvalidArgumentError, match="sequence id 5"):
+        dctx.inject(feats[:1], [30], 5)
+    with pytest.raises(InvalidArgumentError, match=r"n_draft = 5: this draft proposes 1 .. 4"):
+        dctx.propose([1], [len(feats)], n_draft=5)  # a block longer than the trained block size
+    with pytest.raises(InvalidArgumentError, match="positions >= the anchor position"):
+        dctx.propose([1], [5])
+    with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
+        dctx.propose([999], [len(feats)])
+    with pytest.raises(InvalidArgumentError, match="must be unique"):
+        dctx.propose([1, 2], [len(feats), len(feats)], [0, 0])
+    with pytest.raises(InvalidArgumentError, match="does not fit in n_ctx"):
+        dctx.propose([1], [62], [1])
+    assert dctx.kv.n_used == used
+    assert dctx.propose([1], [len(feats)]).tokens.shape == (1, 4)
