@@ -359,6 +359,116 @@ DSPARK_API const float * dspark_draft_get_confidence(const struct dspark_draft_c
 /* [n_seqs][n_draft][n_vocab] logits (-inf where a reduced vocab cannot reach), or NULL if not asked for. */
 DSPARK_API const float * dspark_draft_get_logits(const struct dspark_draft_context * dctx);
 
+/* ---- sampling ------------------------------------------------------------------------------- */
+
+/* The sampler chain (llama.cpp's order): temperature <= 0 is greedy (argmax). Otherwise top_k,
+ * then top_p and min_p filter on the softmax at temperature 1, then a softmax at the temperature
+ * and a draw against one uniform number. 0 / 1.0 / 0.0 turn top_k / top_p / min_p off. */
+struct dspark_sampling_params {
+    float    temperature; /* default 0 (greedy) */
+    int32_t  top_k;       /* default 0 (off) */
+    float    top_p;       /* default 1.0 (off) */
+    float    min_p;       /* default 0.0 (off) */
+    uint32_t seed;        /* DSPARK_DEFAULT_SEED = random */
+};
+
+DSPARK_API struct dspark_sampling_params dspark_sampling_default_params(void);
+
+/* Sample each of n_rows rows of logits [n_rows][n_vocab] with the uniform draws u[n_rows], on the
+ * host (in_graph false) or as a ggml graph on the CPU backend (in_graph true); the two agree. */
+DSPARK_API int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
+                                      const struct dspark_sampling_params * params, bool in_graph, dspark_token * out);
+
+/* ---- speculative decoding engine --------------------------------------------------------------- */
+
+enum dspark_draft_mode {
+    DSPARK_DRAFT_GREEDY_CHAIN  = 0, /* argmax chain; accept by sampling the target and matching (llama.cpp) */
+    DSPARK_DRAFT_PROBABILISTIC = 1, /* sample the chain (Gumbel-max); accept with min(1, p/q), resample the residual */
+};
+
+enum dspark_verify_schedule {
+    DSPARK_SCHEDULE_STATIC     = 0, /* verify n_max drafts, cut by p_min */
+    DSPARK_SCHEDULE_CONFIDENCE = 1, /* DSpark's prefix scheduler: add draft positions by survival probability
+                                       while the expected tokens/s (measured verify cost) keeps rising */
+};
+
+struct dspark_spec_params {
+    int32_t n_max;            /* draft tokens per step; 0 = the draft's maximum (block_size, or block_size-1
+                                 for DFlash and the 1+N layout); larger values are clamped to it */
+    int32_t n_min;            /* draft nothing when fewer than this would be verified; default 0 */
+    float   p_min;            /* DSpark: cut the block at the first position with confidence < p_min; 0 = off */
+    int32_t draft_mode;       /* enum dspark_draft_mode; default GREEDY_CHAIN */
+    int32_t schedule;         /* enum dspark_verify_schedule; default STATIC */
+    bool    backend_sampling; /* sample the target's verify rows inside its graph (greedy chain mode) */
+};
+
+DSPARK_API struct dspark_spec_params dspark_spec_default_params(void);
+
+enum dspark_seq_status {
+    DSPARK_SEQ_IDLE       = 0, /* unknown or removed */
+    DSPARK_SEQ_ACTIVE     = 1,
+    DSPARK_SEQ_MAX_TOKENS = 2, /* finished: max_tokens generated */
+    DSPARK_SEQ_EOG        = 3, /* finished: an end-of-generation token */
+    DSPARK_SEQ_STOP       = 4, /* finished: a stop token sequence */
+    DSPARK_SEQ_CTX_FULL   = 5, /* finished: the context is full */
+};
+
+/* One generation request. Stop sequences are given flattened: n_stop sequences whose lengths are
+ * stop_lens[i], back to back in stop_tokens. */
+struct dspark_request {
+    const dspark_token * prompt;
+    int32_t              n_prompt;
+    int32_t              max_tokens;   /* <= 0: until end of generation or the context is full */
+    const struct dspark_sampling_params * sampling; /* NULL = greedy */
+    const dspark_token * stop_tokens;
+    const int32_t *      stop_lens;
+    int32_t              n_stop;
+};
+
+#define DSPARK_STATS_MAX_POS 64
+
+/* Counters of one sequence, or of all (seq_id -1). tau = (n_accepted + n_steps) / n_steps is the
+ * mean accepted length per verify step counting the target's own token. */
+struct dspark_spec_stats {
+    int32_t n_prompt;
+    int32_t n_generated;                          /* tokens emitted, the prefill's first token included */
+    int32_t n_steps;                              /* verify steps */
+    int32_t n_drafted;                            /* draft tokens sent to verification */
+    int32_t n_accepted;                           /* of those, accepted */
+    int32_t drafted_at[DSPARK_STATS_MAX_POS];     /* per draft position */
+    int32_t accepted_at[DSPARK_STATS_MAX_POS];
+    double  t_prefill_ms;
+    double  t_draft_ms;
+    double  t_verify_ms;
+    double  t_host_ms;                            /* sampling, acceptance and bookkeeping */
+};
+
+struct dspark_engine;
+
+/* Ties a target context and a draft context (NULL: target-only decoding with the same interface).
+ * Captures the draft's target layers in the target context. Both contexts must outlive it. */
+DSPARK_API struct dspark_engine * dspark_engine_init(struct dspark_context * target, struct dspark_draft_context * draft,
+                                                     const struct dspark_spec_params * params);
+DSPARK_API void    dspark_engine_free(struct dspark_engine * engine);
+/* Tokens that end generation (EOS, EOT, ...). */
+DSPARK_API int32_t dspark_engine_set_eog(struct dspark_engine * engine, const dspark_token * ids, int32_t n);
+/* The draft tokens per step after clamping n_max to what the draft's layout allows (0 without a draft). */
+DSPARK_API int32_t dspark_engine_n_draft(const struct dspark_engine * engine);
+
+/* Start a sequence: prefill its prompt (target and draft) and emit its first token. The sequence id
+ * must be free in both contexts. On failure the caches are as before. */
+DSPARK_API int32_t dspark_engine_add(struct dspark_engine * engine, dspark_seq_id seq_id, const struct dspark_request * request);
+/* One step for every active sequence. Returns the number of sequences still active, or < 0. */
+DSPARK_API int32_t dspark_engine_step(struct dspark_engine * engine);
+/* Tokens the last add/step committed for a sequence, and which came from the draft; valid until the
+ * next add/step. Returns their count. */
+DSPARK_API int32_t dspark_engine_get_tokens(const struct dspark_engine * engine, dspark_seq_id seq_id,
+                                            const dspark_token ** tokens, const uint8_t ** from_draft);
+DSPARK_API int32_t dspark_engine_seq_status(const struct dspark_engine * engine, dspark_seq_id seq_id);
+DSPARK_API int32_t dspark_engine_get_stats(const struct dspark_engine * engine, dspark_seq_id seq_id, struct dspark_spec_stats * out);
+/* Finish a sequence now and free its cells in both caches. */
+DSPARK_API int32_t dspark_engine_remove(struct dspark_engine * engine, dspark_seq_id seq_id);
+
 /* @cdef-end */
 
 #ifdef __cplusplus

@@ -147,7 +147,7 @@ void dspark_context::validate(const dspark_batch & b, int32_t & n_out) const {
     }
 }
 
-void dspark_context::decode(const dspark_batch & b) {
+void dspark_context::decode(const dspark_batch & b, const std::vector<target_sampling_group> * sampling, const float * uniforms) {
     int32_t n_out = 0;
     validate(b, n_out);
     std::vector<int32_t> slots;
@@ -158,7 +158,7 @@ void dspark_context::decode(const dspark_batch & b) {
     // The batch's own cells take part in its attention: claim them now, give them back on failure.
     kv.commit(slots, b.pos, b.seq_id);
     try {
-        run(b, slots, n_out);
+        run(b, slots, n_out, sampling, uniforms);
     } catch (...) {
         kv.release(slots);
         n_outputs = 0;
@@ -167,23 +167,27 @@ void dspark_context::decode(const dspark_batch & b) {
     }
 }
 
-void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & slots, int32_t n_out) {
+void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & slots, int32_t n_out,
+                         const std::vector<target_sampling_group> * sampling, const float * uniforms) {
     const int T = b.n_tokens;
     const int n_kv = (int) kv.n_kv();
 
     ggml_context * ctx = compute.begin();
     ggml_cgraph * gf = compute.new_graph(ctx);
     dspark_graph g = {ctx, gf};
-    target_graph io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn);
+    target_graph io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn, sampling);
     compute.alloc(gf);
+    if (io.uniforms) {
+        dspark_set_input(io.uniforms, uniforms, sizeof(float) * n_out);
+    }
 
-    ggml_backend_tensor_set(io.tokens, b.token, 0, sizeof(int32_t) * T);
-    ggml_backend_tensor_set(io.pos, b.pos, 0, sizeof(int32_t) * T);
+    dspark_set_input(io.tokens, b.token, sizeof(int32_t) * T);
+    dspark_set_input(io.pos, b.pos, sizeof(int32_t) * T);
     std::vector<int64_t> idx(slots.begin(), slots.end());
-    ggml_backend_tensor_set(io.kv_idx, idx.data(), 0, sizeof(int64_t) * T);
+    dspark_set_input(io.kv_idx, idx.data(), sizeof(int64_t) * T);
     std::vector<ggml_fp16_t> mask((size_t) n_kv * T);
     kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, dspark_kv_mask_params());
-    ggml_backend_tensor_set(io.mask, mask.data(), 0, mask.size() * sizeof(ggml_fp16_t));
+    dspark_set_input(io.mask, mask.data(), mask.size() * sizeof(ggml_fp16_t));
     if (io.out_ids) {
         std::vector<int32_t> rows;
         for (int i = 0; i < T; ++i) {
@@ -191,12 +195,21 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
                 rows.push_back(i);
             }
         }
-        ggml_backend_tensor_set(io.out_ids, rows.data(), 0, sizeof(int32_t) * rows.size());
+        dspark_set_input(io.out_ids, rows.data(), sizeof(int32_t) * rows.size());
     }
 
     compute.compute(gf);
 
-    ggml_backend_tensor_get(io.logits, logits.data(), 0, sizeof(float) * (size_t) n_out * hp().n_vocab);
+    has_sampled = !io.sampled.empty();
+    if (has_sampled) {
+        sampled.resize(n_out);
+        for (size_t i = 0, row = 0; i < io.sampled.size(); ++i) {
+            ggml_backend_tensor_get(io.sampled[i], sampled.data() + row, 0, ggml_nbytes(io.sampled[i]));
+            row += (*sampling)[i].count;
+        }
+    } else {
+        ggml_backend_tensor_get(io.logits, logits.data(), 0, sizeof(float) * (size_t) n_out * hp().n_vocab);
+    }
     if (io.captured) {
         ggml_backend_tensor_get(io.captured, captured.data(), 0, ggml_nbytes(io.captured));
     }

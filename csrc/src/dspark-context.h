@@ -6,6 +6,7 @@
 #include "dspark-compute.h"
 #include "dspark-kv-cache.h"
 #include "dspark-model.h"
+#include "models/target-graph.h"
 
 #include <vector>
 
@@ -22,17 +23,24 @@ struct dspark_context {
     std::vector<float>     captured;           // [n_batch][capture.size() * n_embd]
     int32_t                n_outputs  = 0;     // of the last decode
     int32_t                n_captured = 0;     // tokens captured by the last decode
+    std::vector<int32_t>   sampled;            // [n_outputs] ids sampled in-graph by the last decode
+    bool                   has_sampled = false;
 
     dspark_context(dspark_model & model, const dspark_context_params & params);  // throws
 
-    void decode(const dspark_batch & batch);   // throws; the KV cache is unchanged on failure
+    // Throws; the KV cache is unchanged on failure. With `sampling` (groups covering every output
+    // row, and one uniform per output row), the output rows are sampled inside the graph and only
+    // the ids come back (`sampled`); the logits buffer is left as it was.
+    void decode(const dspark_batch & batch, const std::vector<target_sampling_group> * sampling = nullptr,
+                const float * uniforms = nullptr);
     void set_capture(const std::vector<int32_t> & ids);
 
     const target_hparams & hp() const { return model.target->hp; }
 
   private:
     void validate(const dspark_batch & batch, int32_t & n_out) const;
-    void run(const dspark_batch & batch, const std::vector<int32_t> & slots, int32_t n_out);
+    void run(const dspark_batch & batch, const std::vector<int32_t> & slots, int32_t n_out,
+             const std::vector<target_sampling_group> * sampling, const float * uniforms);
     void reserve_worst_case();
 };
 

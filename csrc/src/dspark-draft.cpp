@@ -92,10 +92,10 @@ void dspark_draft_context::inject(const float * features, int32_t n_rows, int32_
         dspark_graph g = {ctx, gf};
         dflash_inject_graph io = build_dflash_inject(g, *model.draft, kv, n_rows);
         compute.alloc(gf);
-        ggml_backend_tensor_set(io.feat, features, 0, sizeof(float) * (size_t) n_rows * width);
-        ggml_backend_tensor_set(io.pos, pos, 0, sizeof(int32_t) * n_rows);
+        dspark_set_input(io.feat, features, sizeof(float) * (size_t) n_rows * width);
+        dspark_set_input(io.pos, pos, sizeof(int32_t) * n_rows);
         std::vector<int64_t> idx(slots.begin(), slots.end());
-        ggml_backend_tensor_set(io.kv_idx, idx.data(), 0, sizeof(int64_t) * n_rows);
+        dspark_set_input(io.kv_idx, idx.data(), sizeof(int64_t) * n_rows);
         compute.compute(gf);
     } catch (...) {
         kv.release(slots);
@@ -197,24 +197,24 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
             seq[b * B + i] = r.seq_ids[b];
         }
     }
-    ggml_backend_tensor_set(io.tokens, tok.data(), 0, sizeof(int32_t) * n_tok);
-    ggml_backend_tensor_set(io.pos, pos.data(), 0, sizeof(int32_t) * n_tok);
+    dspark_set_input(io.tokens, tok.data(), sizeof(int32_t) * n_tok);
+    dspark_set_input(io.pos, pos.data(), sizeof(int32_t) * n_tok);
     std::vector<int64_t> idx(slots.begin(), slots.end());
-    ggml_backend_tensor_set(io.kv_idx, idx.data(), 0, sizeof(int64_t) * n_tok);
+    dspark_set_input(io.kv_idx, idx.data(), sizeof(int64_t) * n_tok);
     std::vector<ggml_fp16_t> mask((size_t) n_kv * n_tok);
     dspark_kv_mask_params mp;
     mp.causal = hp().causal;
     kv.fill_mask(mask.data(), n_kv, n_tok, pos.data(), seq.data(), mp);
-    ggml_backend_tensor_set(io.mask, mask.data(), 0, mask.size() * sizeof(ggml_fp16_t));
+    dspark_set_input(io.mask, mask.data(), mask.size() * sizeof(ggml_fp16_t));
     if (io.mask_swa) {
         mp.n_swa = hp().n_swa;
         kv.fill_mask(mask.data(), n_kv, n_tok, pos.data(), seq.data(), mp);
-        ggml_backend_tensor_set(io.mask_swa, mask.data(), 0, mask.size() * sizeof(ggml_fp16_t));
+        dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
     }
     if (io.noise) {
         std::vector<float> noise(ggml_nelements(io.noise));
         fill_gumbel(noise, r.seed);
-        ggml_backend_tensor_set(io.noise, noise.data(), 0, noise.size() * sizeof(float));
+        dspark_set_input(io.noise, noise.data(), noise.size() * sizeof(float));
     }
 
     compute.compute(gf);

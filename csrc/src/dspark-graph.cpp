@@ -11,6 +11,12 @@ ggml_tensor * dspark_graph_input(ggml_context * ctx, ggml_type type, int64_t ne0
     return t;
 }
 
+void dspark_set_input(ggml_tensor * t, const void * data, size_t nbytes) {
+    if (t && t->buffer) {
+        ggml_backend_tensor_set(t, data, 0, nbytes);
+    }
+}
+
 ggml_tensor * dspark_graph::rms_norm(ggml_tensor * x, ggml_tensor * w, float eps) const {
     ggml_tensor * y = ggml_rms_norm(ctx, x, eps);
     return w ? ggml_mul(ctx, y, w) : y;

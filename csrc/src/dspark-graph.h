@@ -42,3 +42,6 @@ struct dspark_graph {
 // An input tensor of the graph (filled on the host after allocation): 1-D [ne0] when ne1 is 0,
 // else 2-D [ne0, ne1].
 ggml_tensor * dspark_graph_input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, const char * name);
+
+// Fill an input after allocation; an input no node uses got no memory and is skipped.
+void dspark_set_input(ggml_tensor * t, const void * data, size_t nbytes);

@@ -5,6 +5,8 @@
 #include "dspark-backend.h"
 #include "dspark-context.h"
 #include "dspark-draft.h"
+#include "dspark-engine.h"
+#include "dspark-sampler.h"
 #include "models/dflash.h"
 #include "dspark-gguf.h"
 #include "dspark-impl.h"
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <iterator>
 
+#include <cmath>
 #include <cstring>
 #include <strings.h>
 #include <new>
@@ -698,4 +701,192 @@ const float * dspark_draft_get_confidence(const struct dspark_draft_context * dc
 
 const float * dspark_draft_get_logits(const struct dspark_draft_context * dctx) {
     return dctx && !dctx->logits.empty() ? dctx->logits.data() : nullptr;
+}
+
+// ---- sampling -------------------------------------------------------------------------------------
+
+struct dspark_sampling_params dspark_sampling_default_params(void) {
+    dspark_sampling_params p;
+    p.temperature = 0.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.seed = DSPARK_DEFAULT_SEED;
+    return p;
+}
+
+static dspark_sampler_params sampler_of(const dspark_sampling_params & p) {
+    if (p.top_k < 0 || !(p.top_p > 0.0f && p.top_p <= 1.0f) || !(p.min_p >= 0.0f && p.min_p <= 1.0f) || std::isnan(p.temperature)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: need top_k >= 0, 0 < top_p <= 1, 0 <= min_p <= 1");
+    }
+    dspark_sampler_params s;
+    s.temperature = p.temperature;
+    s.top_k = p.top_k;
+    s.top_p = p.top_p;
+    s.min_p = p.min_p;
+    return s;
+}
+
+// Run the in-graph sampler on given rows, on the CPU backend.
+static void sample_rows_in_graph(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
+                                 const dspark_sampler_params & sp, dspark_token * out) {
+    dspark_compute c;
+    c.init(dspark_device_cpu(), 1, 256);
+    ggml_context * ctx = c.begin();
+    ggml_cgraph * gf = c.new_graph(ctx);
+    ggml_tensor * x = dspark_graph_input(ctx, GGML_TYPE_F32, n_vocab, n_rows, "logits");
+    ggml_tensor * uu = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_rows, "u");
+    ggml_tensor * ids = dspark_build_sampler(ctx, x, uu, sp);
+    ggml_set_output(ids);
+    ggml_build_forward_expand(gf, ids);
+    c.alloc(gf);
+    dspark_set_input(x, logits, sizeof(float) * (size_t) n_rows * n_vocab);
+    dspark_set_input(uu, u, sizeof(float) * n_rows);
+    c.compute(gf);
+    ggml_backend_tensor_get(ids, out, 0, sizeof(int32_t) * n_rows);
+}
+
+int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
+                           const struct dspark_sampling_params * params, bool in_graph, dspark_token * out) {
+    if (!logits || !u || !out || n_rows < 1 || n_vocab < 1) {
+        dspark_set_last_error("dspark_sample_rows: need logits, uniforms, an output array and positive sizes");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    const dspark_sampling_params p = params ? *params : dspark_sampling_default_params();
+    return guard([&]() {
+        const dspark_sampler_params sp = sampler_of(p);
+        if (in_graph) {
+            dspark_backends_load();
+            sample_rows_in_graph(logits, n_rows, n_vocab, u, sp, out);
+        } else {
+            for (int32_t r = 0; r < n_rows; ++r) {
+                out[r] = dspark_sample_host(logits + (size_t) r * n_vocab, n_vocab, sp, u[r]);
+            }
+        }
+        return DSPARK_STATUS_OK;
+    });
+}
+
+// ---- engine ---------------------------------------------------------------------------------------
+
+struct dspark_spec_params dspark_spec_default_params(void) {
+    dspark_spec_params p;
+    p.n_max = 0;
+    p.n_min = 0;
+    p.p_min = 0.0f;
+    p.draft_mode = DSPARK_DRAFT_GREEDY_CHAIN;
+    p.schedule = DSPARK_SCHEDULE_STATIC;
+    p.backend_sampling = false;
+    return p;
+}
+
+struct dspark_engine * dspark_engine_init(struct dspark_context * target, struct dspark_draft_context * draft,
+                                          const struct dspark_spec_params * params) {
+    if (!target) {
+        dspark_set_last_error("dspark_engine_init: target context is NULL");
+        return nullptr;
+    }
+    const dspark_spec_params p = params ? *params : dspark_spec_default_params();
+    return guard_ptr<dspark_engine>([&]() { return new dspark_engine(*target, draft, p); });
+}
+
+void dspark_engine_free(struct dspark_engine * engine) {
+    delete engine;
+}
+
+int32_t dspark_engine_set_eog(struct dspark_engine * e, const dspark_token * ids, int32_t n) {
+    if (!e || n < 0 || (n > 0 && !ids)) {
+        dspark_set_last_error("dspark_engine_set_eog: need an engine and n >= 0 ids");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    e->eog.assign(ids, ids + n);
+    return DSPARK_STATUS_OK;
+}
+
+int32_t dspark_engine_n_draft(const struct dspark_engine * e) {
+    return e ? e->n_draft : 0;
+}
+
+int32_t dspark_engine_add(struct dspark_engine * e, dspark_seq_id seq_id, const struct dspark_request * req) {
+    if (!e || !req) {
+        dspark_set_last_error("dspark_engine_add: engine and request are required");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard([&]() {
+        if (req->sampling) {
+            sampler_of(*req->sampling);  // validates
+        }
+        for (int32_t i = 0; i < req->n_prompt; ++i) {
+            if (req->prompt && (req->prompt[i] < 0 || req->prompt[i] >= e->tgt.hp().n_vocab)) {
+                dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "prompt token %d at index %d is outside the vocabulary (0 .. %d)",
+                             req->prompt[i], i, e->tgt.hp().n_vocab - 1);
+            }
+        }
+        e->add(seq_id, *req);
+        return DSPARK_STATUS_OK;
+    });
+}
+
+int32_t dspark_engine_step(struct dspark_engine * e) {
+    if (!e) {
+        dspark_set_last_error("dspark_engine_step: engine is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    int32_t active = 0;
+    const int32_t st = guard([&]() {
+        active = e->step();
+        return DSPARK_STATUS_OK;
+    });
+    return st < 0 ? st : active;
+}
+
+int32_t dspark_engine_get_tokens(const struct dspark_engine * e, dspark_seq_id seq_id, const dspark_token ** tokens,
+                                 const uint8_t ** from_draft) {
+    if (!e) {
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    auto it = e->seqs.find(seq_id);
+    if (it == e->seqs.end()) {
+        dspark_set_last_error(dspark_format("sequence %d is not known to the engine", seq_id));
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    if (tokens) *tokens = it->second.new_tokens.data();
+    if (from_draft) *from_draft = it->second.new_from_draft.data();
+    return (int32_t) it->second.new_tokens.size();
+}
+
+int32_t dspark_engine_seq_status(const struct dspark_engine * e, dspark_seq_id seq_id) {
+    if (!e) {
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    auto it = e->seqs.find(seq_id);
+    return it == e->seqs.end() ? DSPARK_SEQ_IDLE : it->second.status;
+}
+
+int32_t dspark_engine_get_stats(const struct dspark_engine * e, dspark_seq_id seq_id, struct dspark_spec_stats * out) {
+    if (!e || !out) {
+        dspark_set_last_error("dspark_engine_get_stats: engine and output are required");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    if (seq_id < 0) {
+        *out = e->total;
+        return DSPARK_STATUS_OK;
+    }
+    auto it = e->seqs.find(seq_id);
+    if (it == e->seqs.end()) {
+        dspark_set_last_error(dspark_format("sequence %d is not known to the engine", seq_id));
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    *out = it->second.stats;
+    return DSPARK_STATUS_OK;
+}
+
+int32_t dspark_engine_remove(struct dspark_engine * e, dspark_seq_id seq_id) {
+    if (!e) {
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard([&]() {
+        e->remove(seq_id);
+        return DSPARK_STATUS_OK;
+    });
 }

@@ -33,7 +33,7 @@ static ggml_tensor * decoder_layer(const dspark_graph & g, const target_model & 
 
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
-                                bool flash_attn) {
+                                bool flash_attn, const std::vector<target_sampling_group> * sampling) {
     ggml_context * ctx = g.ctx;
     target_graph io;
     io.tokens = dspark_graph_input(ctx, GGML_TYPE_I32, n_tokens, 0, "inp_tokens");
@@ -72,6 +72,19 @@ target_graph build_target_graph(const dspark_graph & g, const target_model & m, 
     x = g.rms_norm(x, m.output_norm, m.hp.rms_eps);
     io.logits = g.mm(m.output, x);
     ggml_set_name(io.logits, "logits");
+    if (sampling && !sampling->empty()) {
+        // only the sampled ids leave the backend
+        io.uniforms = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_outputs, "inp_uniforms");
+        for (const target_sampling_group & sg : *sampling) {
+            ggml_tensor * rows = ggml_view_2d(ctx, io.logits, io.logits->ne[0], sg.count, io.logits->nb[1], io.logits->nb[1] * sg.begin);
+            ggml_tensor * u = ggml_view_2d(ctx, io.uniforms, 1, sg.count, io.uniforms->nb[1], io.uniforms->nb[1] * sg.begin);
+            ggml_tensor * ids = dspark_build_sampler(ctx, rows, u, sg.params);
+            ggml_set_output(ids);
+            g.expand(ids);
+            io.sampled.push_back(ids);
+        }
+        return io;
+    }
     ggml_set_output(io.logits);
     g.expand(io.logits);
     return io;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "dspark-graph.h"
+#include "dspark-sampler.h"
 #include "models/target.h"
 
 #include <vector>
@@ -16,8 +17,17 @@ struct target_graph {
     // outputs
     ggml_tensor * logits   = nullptr; // [V, n_outputs]
     ggml_tensor * captured = nullptr; // [len(capture)·E, T]: residual stream entering each layer id
+    // in-graph sampling (backend sampling)
+    ggml_tensor * uniforms = nullptr;        // F32 [1, n_outputs]
+    std::vector<ggml_tensor *> sampled;      // I32 per sampling group, in output-row order
+};
+
+// Output rows [begin, begin+count) sampled in-graph with one set of parameters.
+struct target_sampling_group {
+    int begin = 0, count = 0;
+    dspark_sampler_params params;
 };
 
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
-                                bool flash_attn);
+                                bool flash_attn, const std::vector<target_sampling_group> * sampling = nullptr);

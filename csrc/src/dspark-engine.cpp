@@ -1,0 +1,589 @@
+#include "dspark-engine.h"
+
+#include "dspark-impl.h"
+
+#include <algorithm>
+#include <cmath>
+
+using clock_type = std::chrono::steady_clock;
+
+static double ms_since(clock_type::time_point t0) {
+    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+}
+
+static dspark_sampler_params to_sampler(const dspark_sampling_params * p) {
+    dspark_sampler_params s;
+    if (p) {
+        s.temperature = p->temperature;
+        s.top_k = p->top_k;
+        s.top_p = p->top_p;
+        s.min_p = p->min_p;
+    }
+    return s;
+}
+
+// ---- setup --------------------------------------------------------------------------------------
+
+dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & p)
+    : tgt(target), dft(draft), params(p) {
+    total = dspark_spec_stats();
+    if (params.n_min < 0 || params.n_max < 0 || !(params.p_min >= 0.0f && params.p_min <= 1.0f)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_max and n_min must be >= 0 and p_min in [0, 1]");
+    }
+    if (params.draft_mode != DSPARK_DRAFT_GREEDY_CHAIN && params.draft_mode != DSPARK_DRAFT_PROBABILISTIC) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown draft mode %d", params.draft_mode);
+    }
+    if (!dft) {
+        tgt.set_capture({});
+        return;
+    }
+    const dflash_hparams & dh = dft->hp();
+    if (dh.n_vocab != tgt.hp().n_vocab) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the draft's vocabulary (%d) differs from the target's (%d)", dh.n_vocab, tgt.hp().n_vocab);
+    }
+    if (dh.n_embd != tgt.hp().n_embd) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the draft's hidden size (%d) differs from the target's (%d)", dh.n_embd, tgt.hp().n_embd);
+    }
+    // n_max is clamped to what the layout can propose: block_size (anchor-first DSpark) or block_size-1
+    n_draft = params.n_max > 0 ? std::min(params.n_max, dh.max_draft()) : dh.max_draft();
+    if (params.n_max > dh.max_draft()) {
+        DSPARK_LOG_WARN("n_max %d clamped to %d: the draft's block_size is %d (%s)", params.n_max, n_draft, dh.block_size,
+                        dh.first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
+    }
+    params.n_min = std::min(params.n_min, n_draft);
+    if (params.p_min > 0.0f && dh.markov != markov_head::none && !dh.has_confidence) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "this DSpark draft has no confidence head: set p_min = 0");
+    }
+    if (params.schedule == DSPARK_SCHEDULE_CONFIDENCE && !dh.has_confidence) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "confidence-scheduled verification needs a draft with a confidence head");
+    }
+    const uint32_t need = tgt.params.n_seq_max * (uint32_t) (n_draft + 1);
+    if (tgt.params.n_batch < (uint32_t) n_draft + 1 || tgt.n_outputs_max < std::min(need, tgt.params.n_batch)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the target context must take a verify batch: n_batch >= %d per sequence "
+                     "and outputs for every row (n_outputs_max_per_seq 0 or >= %d)", n_draft + 1, n_draft + 1);
+    }
+    if (tgt.params.n_outputs_max_per_seq && tgt.params.n_outputs_max_per_seq < (uint32_t) n_draft + 1) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_outputs_max_per_seq (%u) is below the verify block (%d)",
+                     tgt.params.n_outputs_max_per_seq, n_draft + 1);
+    }
+    if (dft->params.n_seq_max < tgt.params.n_seq_max) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the draft context takes %u sequences, the target %u", dft->params.n_seq_max,
+                     tgt.params.n_seq_max);
+    }
+    tgt.set_capture(dh.target_layers);
+    if (params.schedule == DSPARK_SCHEDULE_CONFIDENCE) {
+        measure_verify_cost();
+    }
+}
+
+// Time target decodes of 1 .. max verify batch tokens (median of 3), on an empty scratch sequence.
+void dspark_engine::measure_verify_cost() {
+    const int max_b = (int) std::min<uint32_t>(tgt.params.n_batch, tgt.params.n_seq_max * (uint32_t) (n_draft + 1));
+    if (tgt.kv.n_used() > 0 || (uint32_t) max_b > tgt.params.n_ctx) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the confidence schedule calibrates on an empty target context");
+    }
+    verify_ms.assign(max_b + 1, 0.0);
+    std::vector<dspark_token> tok(max_b, 0);
+    std::vector<dspark_pos> pos(max_b);
+    std::vector<dspark_seq_id> seq(max_b, 0);
+    std::vector<int8_t> out(max_b, 1);
+    for (int b = 1; b <= max_b; ++b) {
+        double t[3];
+        for (double & ti : t) {
+            for (int i = 0; i < b; ++i) {
+                pos[i] = i;
+            }
+            dspark_batch batch = {b, tok.data(), pos.data(), seq.data(), out.data()};
+            const auto t0 = clock_type::now();
+            tgt.decode(batch);
+            ti = ms_since(t0);
+            tgt.kv.seq_rm(0, 0, -1);
+        }
+        std::sort(t, t + 3);
+        verify_ms[b] = t[1];
+    }
+}
+
+double dspark_engine::verify_cost(int n) const {
+    if (verify_ms.empty()) {
+        return (double) n;
+    }
+    return verify_ms[std::min<size_t>(std::max(n, 1), verify_ms.size() - 1)];
+}
+
+// ---- sequences ------------------------------------------------------------------------------------
+
+void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
+    if (seq_id < 0 || (uint32_t) seq_id >= tgt.params.n_seq_max) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence id %d: must be 0 .. %u", seq_id, tgt.params.n_seq_max - 1);
+    }
+    auto it = seqs.find(seq_id);
+    if (it != seqs.end() && it->second.status == DSPARK_SEQ_ACTIVE) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d is still active; remove it first", seq_id);
+    }
+    if (!r.prompt || r.n_prompt < 1) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the prompt needs at least one token");
+    }
+    if ((uint32_t) r.n_prompt >= tgt.params.n_ctx) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "a prompt of %d tokens does not fit in n_ctx (%u)", r.n_prompt, tgt.params.n_ctx);
+    }
+    if (r.n_stop < 0 || (r.n_stop > 0 && (!r.stop_tokens || !r.stop_lens))) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "stop sequences: need stop_tokens and stop_lens");
+    }
+    dspark_seq_state s;
+    s.id = seq_id;
+    s.sp = to_sampler(r.sampling);
+    const uint32_t seed = r.sampling && r.sampling->seed != DSPARK_DEFAULT_SEED ? r.sampling->seed : std::random_device()();
+    s.rng = dspark_rng(seed);
+    s.aux.seed(((uint64_t) seed << 1) | 1u);
+    s.max_tokens = r.max_tokens;
+    for (int32_t i = 0, off = 0; i < r.n_stop; off += r.stop_lens[i++]) {
+        if (r.stop_lens[i] < 1) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "stop sequence %d is empty", i);
+        }
+        s.stops.emplace_back(r.stop_tokens + off, r.stop_tokens + off + r.stop_lens[i]);
+    }
+    s.stats = dspark_spec_stats();
+    s.stats.n_prompt = r.n_prompt;
+
+    // the caches must hold nothing of this sequence
+    tgt.kv.seq_rm(seq_id, 0, -1);
+    if (dft) {
+        dft->kv.seq_rm(seq_id, 0, -1);
+    }
+    const auto t0 = clock_type::now();
+    try {
+        for (int32_t off = 0; off < r.n_prompt; off += (int32_t) tgt.params.n_batch) {
+            const int32_t n = std::min<int32_t>((int32_t) tgt.params.n_batch, r.n_prompt - off);
+            std::vector<dspark_pos> pos(n);
+            std::vector<dspark_seq_id> seq(n, seq_id);
+            std::vector<int8_t> out(n, 0);
+            for (int32_t i = 0; i < n; ++i) {
+                pos[i] = off + i;
+            }
+            out[n - 1] = off + n == r.n_prompt;
+            dspark_batch b = {n, r.prompt + off, pos.data(), seq.data(), out.data()};
+            tgt.decode(b);
+            if (dft) {
+                for (int32_t c = 0; c < n; c += (int32_t) dft->params.n_batch) {
+                    const int32_t m = std::min<int32_t>((int32_t) dft->params.n_batch, n - c);
+                    const int32_t width = (int32_t) (dft->hp().target_layers.size() * dft->hp().n_embd);
+                    dft->inject(tgt.captured.data() + (size_t) c * width, m, width, pos.data() + c, seq.data() + c);
+                }
+            }
+        }
+    } catch (...) {
+        tgt.kv.seq_rm(seq_id, 0, -1);
+        if (dft) {
+            dft->kv.seq_rm(seq_id, 0, -1);
+        }
+        throw;
+    }
+    s.n_past = r.n_prompt;
+    s.status = DSPARK_SEQ_ACTIVE;
+    const dspark_token first = dspark_sample_host(tgt.logits.data(), tgt.hp().n_vocab, s.sp, s.sp.greedy() ? 0.0f : s.rng.next());
+    s.stats.t_prefill_ms = ms_since(t0);
+    s.new_tokens.clear();
+    s.new_from_draft.clear();
+    s.anchor = first;
+    s.new_tokens.push_back(first);
+    s.new_from_draft.push_back(0);
+    s.stats.n_generated = 1;
+    s.tail.assign(1, first);
+    seqs[seq_id] = s;
+    dspark_seq_state & st = seqs[seq_id];
+    if (finished_by(st, first)) {
+        st.new_tokens.resize(1);
+    }
+    total.n_prompt += r.n_prompt;
+    total.n_generated += 1;
+    total.t_prefill_ms += st.stats.t_prefill_ms;
+}
+
+void dspark_engine::remove(int32_t seq_id) {
+    auto it = seqs.find(seq_id);
+    if (it == seqs.end()) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d is not known to the engine", seq_id);
+    }
+    tgt.kv.seq_rm(seq_id, 0, -1);
+    if (dft) {
+        dft->kv.seq_rm(seq_id, 0, -1);
+    }
+    seqs.erase(it);
+}
+
+// Does token t end the sequence (end of generation, max_tokens, a stop sequence)? Sets the status.
+bool dspark_engine::finished_by(dspark_seq_state & s, dspark_token t) {
+    if (std::find(eog.begin(), eog.end(), t) != eog.end()) {
+        s.status = DSPARK_SEQ_EOG;
+        return true;
+    }
+    for (const auto & stop : s.stops) {
+        if (s.tail.size() >= stop.size() && std::equal(stop.begin(), stop.end(), s.tail.end() - stop.size())) {
+            s.status = DSPARK_SEQ_STOP;
+            return true;
+        }
+    }
+    if (s.max_tokens > 0 && s.stats.n_generated >= s.max_tokens) {
+        s.status = DSPARK_SEQ_MAX_TOKENS;
+        return true;
+    }
+    return false;
+}
+
+// How many draft tokens this sequence can still use: room for them plus the target's own token
+// in max_tokens and in both contexts.
+int dspark_engine::draft_budget(const dspark_seq_state & s) const {
+    int k = n_draft;
+    if (s.max_tokens > 0) {
+        k = std::min(k, s.max_tokens - s.stats.n_generated - 1);
+    }
+    k = std::min(k, (int) tgt.params.n_ctx - s.n_past - 1);
+    if (s.n_past + dft->block_len(n_draft) > (int) dft->params.n_ctx) {
+        k = 0;  // the block would not fit the draft's context
+    }
+    return std::max(k, 0);
+}
+
+// ---- one step -------------------------------------------------------------------------------------
+
+int32_t dspark_engine::step() {
+    std::vector<plan> plans;
+    for (auto & kv : seqs) {
+        dspark_seq_state & s = kv.second;
+        s.new_tokens.clear();
+        s.new_from_draft.clear();
+        if (s.status == DSPARK_SEQ_ACTIVE) {
+            if ((uint32_t) s.n_past >= tgt.params.n_ctx) {
+                s.status = DSPARK_SEQ_CTX_FULL;
+                continue;
+            }
+            plan p;
+            p.s = &s;
+            plans.push_back(p);
+        }
+    }
+    if (plans.empty()) {
+        return 0;
+    }
+    const auto t0 = clock_type::now();
+    if (dft && n_draft > 0) {
+        draft_blocks(plans);
+    }
+    const double t_draft = ms_since(t0);
+    verify(plans);  // accounts its own time
+    total.t_draft_ms += t_draft;
+    for (plan & p : plans) {
+        p.s->stats.t_draft_ms += t_draft / plans.size();
+    }
+    int32_t active = 0;
+    for (auto & kv : seqs) {
+        active += kv.second.status == DSPARK_SEQ_ACTIVE;
+    }
+    return active;
+}
+
+void dspark_engine::draft_blocks(std::vector<plan> & plans) {
+    std::vector<int> budget(plans.size());
+    std::vector<dspark_token> anchors;
+    std::vector<dspark_pos> pos0;
+    std::vector<dspark_seq_id> ids;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < plans.size(); ++i) {
+        budget[i] = draft_budget(*plans[i].s);
+        if (budget[i] >= std::max(1, params.n_min)) {
+            anchors.push_back(plans[i].s->anchor);
+            pos0.push_back(plans[i].s->n_past);
+            ids.push_back(plans[i].s->id);
+            which.push_back(i);
+        }
+    }
+    if (which.empty()) {
+        return;
+    }
+    const bool sampled = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !plans[which[0]].s->sp.greedy();
+    dspark_propose_request r;
+    r.n_seqs = (int32_t) which.size();
+    r.anchors = anchors.data();
+    r.pos0 = pos0.data();
+    r.seq_ids = ids.data();
+    r.n_draft = n_draft;  // every block has the same length; budgets cut afterwards
+    r.want_logits = sampled;
+    r.pick.sample = sampled;
+    r.pick.temperature = sampled ? plans[which[0]].s->sp.temperature : 1.0f;
+    r.seed = sampled ? plans[which[0]].s->aux() : 0;
+    dft->propose(r);
+
+    const int V = dft->hp().n_vocab;
+    for (size_t w = 0; w < which.size(); ++w) {
+        plan & p = plans[which[w]];
+        int k = budget[which[w]];
+        const dspark_token * tok = dft->tokens.data() + w * n_draft;
+        const float * conf = dft->confidence.empty() ? nullptr : dft->confidence.data() + w * n_draft;
+        if (conf && params.p_min > 0.0f) {
+            for (int j = 0; j < k; ++j) {
+                if (conf[j] < params.p_min) {
+                    k = j;
+                    break;
+                }
+            }
+        }
+        if (k < params.n_min) {
+            k = 0;
+        }
+        p.draft.assign(tok, tok + k);
+        if (conf) {
+            p.conf.assign(conf, conf + k);
+        }
+        if (sampled) {
+            p.q_logits.assign(dft->logits.begin() + (size_t) w * n_draft * V, dft->logits.begin() + ((size_t) w * n_draft + k) * V);
+        }
+    }
+    if (params.schedule == DSPARK_SCHEDULE_CONFIDENCE) {
+        schedule_by_confidence(plans);
+    }
+}
+
+// DSpark's hardware-aware prefix scheduler: start from no draft tokens, then add draft positions
+// in order of their prefix survival probability (the product of confidences up to them) while the
+// expected number of emitted tokens per measured verify time keeps rising.
+void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
+    std::vector<std::vector<double>> surv(plans.size());
+    for (size_t i = 0; i < plans.size(); ++i) {
+        double prod = 1.0;
+        for (float c : plans[i].conf) {
+            prod *= c;
+            surv[i].push_back(prod);
+        }
+    }
+    std::vector<size_t> n(plans.size(), 0);
+    double expected = (double) plans.size();  // every sequence emits at least the target's token
+    int batch = (int) plans.size();
+    double rate = expected / verify_cost(batch);
+    for (;;) {
+        size_t best = plans.size();
+        for (size_t i = 0; i < plans.size(); ++i) {
+            if (n[i] < surv[i].size() && (best == plans.size() || surv[i][n[i]] > surv[best][n[best]])) {
+                best = i;
+            }
+        }
+        if (best == plans.size()) {
+            break;
+        }
+        const double e2 = expected + surv[best][n[best]];
+        const double r2 = e2 / verify_cost(batch + 1);
+        if (!(r2 > rate)) {
+            break;
+        }
+        expected = e2;
+        rate = r2;
+        batch++;
+        n[best]++;
+    }
+    for (size_t i = 0; i < plans.size(); ++i) {
+        plans[i].draft.resize(n[i]);
+        plans[i].conf.resize(n[i]);
+    }
+}
+
+void dspark_engine::verify(std::vector<plan> & plans) {
+    auto t0 = clock_type::now();
+    std::vector<dspark_token> tok;
+    std::vector<dspark_pos> pos;
+    std::vector<dspark_seq_id> seq;
+    std::vector<target_sampling_group> groups;
+    std::vector<float> uniforms;
+    const bool backend = params.backend_sampling && params.draft_mode == DSPARK_DRAFT_GREEDY_CHAIN;
+    for (plan & p : plans) {
+        p.row = (int) tok.size();
+        const int k = (int) p.draft.size();
+        tok.push_back(p.s->anchor);
+        tok.insert(tok.end(), p.draft.begin(), p.draft.end());
+        for (int j = 0; j <= k; ++j) {
+            pos.push_back(p.s->n_past + j);
+            seq.push_back(p.s->id);
+        }
+        if (backend) {
+            target_sampling_group g;
+            g.begin = p.row;
+            g.count = k + 1;
+            g.params = p.s->sp;
+            groups.push_back(g);
+            const std::vector<float> u = p.s->rng.peek(k + 1);
+            uniforms.insert(uniforms.end(), u.begin(), u.end());
+        }
+    }
+    std::vector<int8_t> out(tok.size(), 1);
+    dspark_batch b = {(int32_t) tok.size(), tok.data(), pos.data(), seq.data(), out.data()};
+    tgt.decode(b, backend ? &groups : nullptr, backend ? uniforms.data() : nullptr);
+    const double t_verify = ms_since(t0);
+    total.t_verify_ms += t_verify;
+
+    t0 = clock_type::now();
+    // accept per sequence, then one inject of every committed position into the draft
+    std::vector<float> feats;
+    std::vector<dspark_pos> inj_pos;
+    std::vector<dspark_seq_id> inj_seq;
+    const int width = dft ? (int) (dft->hp().target_layers.size() * dft->hp().n_embd) : 0;
+    for (plan & p : plans) {
+        const bool rejection = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !p.s->sp.greedy() && !p.q_logits.empty();
+        std::vector<dspark_token> emitted = rejection ? accept_rejection(p) : accept_greedy_chain(p);
+        if (!rejection && !p.s->sp.greedy()) {
+            p.s->rng.advance((int) emitted.size());  // one committed draw per emitted token
+        }
+        const int accepted = (int) emitted.size() - 1;  // the last token is always the target's own
+        const int n_past = p.s->n_past;
+        commit(p, emitted, accepted);
+        p.s->stats.t_verify_ms += t_verify / plans.size();
+        if (dft && p.s->status == DSPARK_SEQ_ACTIVE) {
+            const int keep = p.s->n_past - n_past;  // the anchor and the accepted drafts
+            for (int j = 0; j < keep; ++j) {
+                const float * row = tgt.captured.data() + (size_t) (p.row + j) * width;
+                feats.insert(feats.end(), row, row + width);
+                inj_pos.push_back(n_past + j);
+                inj_seq.push_back(p.s->id);
+            }
+        }
+    }
+    if (!inj_pos.empty()) {
+        const double th = ms_since(t0);
+        const auto ti = clock_type::now();
+        for (size_t c = 0; c < inj_pos.size(); c += dft->params.n_batch) {
+            const int32_t m = (int32_t) std::min<size_t>(dft->params.n_batch, inj_pos.size() - c);
+            dft->inject(feats.data() + c * width, m, width, inj_pos.data() + c, inj_seq.data() + c);
+        }
+        total.t_draft_ms += ms_since(ti);
+        total.t_host_ms += th;
+    } else {
+        total.t_host_ms += ms_since(t0);
+    }
+}
+
+// Sample the target row by row and keep the drafts it agrees with (llama.cpp's rule). Greedy rows
+// are argmax; sampled rows use the sequence's committed stream, one draw per row.
+std::vector<dspark_token> dspark_engine::accept_greedy_chain(plan & p) const {
+    const int k = (int) p.draft.size();
+    const int V = tgt.hp().n_vocab;
+    const std::vector<float> u = p.s->sp.greedy() ? std::vector<float>(k + 1, 0.0f) : p.s->rng.peek(k + 1);
+    std::vector<dspark_token> out;
+    for (int j = 0; j <= k; ++j) {
+        const dspark_token t = tgt.has_sampled ? tgt.sampled[p.row + j]
+                                               : dspark_sample_host(tgt.logits.data() + (size_t) (p.row + j) * V, V, p.s->sp, u[j]);
+        out.push_back(t);
+        if (j == k || t != p.draft[j]) {
+            break;
+        }
+    }
+    return out;
+}
+
+// Speculative rejection sampling: accept draft token x with probability min(1, p(x)/q(x)); on a
+// rejection emit a sample of the residual max(p - q, 0); after k acceptances, a sample of p.
+std::vector<dspark_token> dspark_engine::accept_rejection(plan & p) {
+    const int k = (int) p.draft.size();
+    const int V = tgt.hp().n_vocab;
+    const float T = p.s->sp.temperature;
+    std::uniform_real_distribution<double> unif(0.0, 1.0);
+    std::vector<dspark_token> out;
+    std::vector<float> pd(V), q(V);
+    for (int j = 0; j <= k; ++j) {
+        dspark_distribution dist;
+        dspark_sampler_distribution(tgt.logits.data() + (size_t) (p.row + j) * V, V, p.s->sp, dist);
+        std::fill(pd.begin(), pd.end(), 0.0f);
+        for (size_t c = 0; c < dist.ids.size(); ++c) {
+            pd[dist.ids[c]] = dist.probs[c];
+        }
+        if (j == k) {  // all drafts accepted: the bonus token
+            double u = unif(p.s->aux), cum = 0.0;
+            dspark_token t = dist.ids.back();
+            for (size_t c = 0; c < dist.ids.size(); ++c) {
+                cum += dist.probs[c];
+                if (u < cum) {
+                    t = dist.ids[c];
+                    break;
+                }
+            }
+            out.push_back(t);
+            break;
+        }
+        // q: the distribution the draft sampled slot j from
+        const float * ql = p.q_logits.data() + (size_t) j * V;
+        float mx = -INFINITY;
+        for (int v = 0; v < V; ++v) {
+            mx = std::max(mx, ql[v] / T);
+        }
+        double zs = 0.0;
+        for (int v = 0; v < V; ++v) {
+            q[v] = std::isfinite(ql[v]) ? expf(ql[v] / T - mx) : 0.0f;
+            zs += q[v];
+        }
+        for (float & x : q) {
+            x = (float) (x / zs);
+        }
+        const dspark_token x = p.draft[j];
+        if (unif(p.s->aux) * q[x] < pd[x]) {
+            out.push_back(x);
+            continue;
+        }
+        double wsum = 0.0;
+        for (int v = 0; v < V; ++v) {
+            wsum += std::max(0.0f, pd[v] - q[v]);
+        }
+        double u = unif(p.s->aux) * wsum, cum = 0.0;
+        dspark_token t = dist.ids[0];
+        if (wsum > 0.0) {
+            for (int v = 0; v < V; ++v) {
+                cum += std::max(0.0f, pd[v] - q[v]);
+                if (u < cum) {
+                    t = v;
+                    break;
+                }
+            }
+        }
+        out.push_back(t);
+        break;
+    }
+    return out;
+}
+
+// Emit tokens (stopping early on an end condition), update stats, and trim the target cache to
+// the anchor plus the accepted drafts; the last emitted token becomes the next anchor.
+void dspark_engine::commit(plan & p, const std::vector<dspark_token> & emitted, int accepted) {
+    dspark_seq_state & s = *p.s;
+    const int k = (int) p.draft.size();
+    s.stats.n_steps++;
+    total.n_steps++;
+    s.stats.n_drafted += k;
+    total.n_drafted += k;
+    for (int j = 0; j < k && j < DSPARK_STATS_MAX_POS; ++j) {
+        s.stats.drafted_at[j]++;
+        total.drafted_at[j]++;
+        if (j < accepted) {
+            s.stats.accepted_at[j]++;
+            total.accepted_at[j]++;
+        }
+    }
+    s.stats.n_accepted += accepted;
+    total.n_accepted += accepted;
+    const int n_past0 = s.n_past;
+    for (size_t j = 0; j < emitted.size(); ++j) {
+        s.new_tokens.push_back(emitted[j]);
+        s.new_from_draft.push_back(j < (size_t) accepted);
+        s.stats.n_generated++;
+        total.n_generated++;
+        s.tail.push_back(emitted[j]);
+        if (s.tail.size() > 64) {
+            s.tail.erase(s.tail.begin());
+        }
+        if (finished_by(s, emitted[j])) {
+            break;
+        }
+    }
+    // keep the anchor and the accepted drafts in the target cache
+    s.n_past = n_past0 + 1 + accepted;
+    tgt.kv.seq_rm(s.id, s.n_past, -1);
+    s.anchor = s.new_tokens.back();
+    if (s.status == DSPARK_SEQ_ACTIVE && (uint32_t) s.n_past >= tgt.params.n_ctx) {
+        s.status = DSPARK_SEQ_CTX_FULL;
+    }
+}

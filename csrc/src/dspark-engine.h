@@ -1,0 +1,69 @@
+// The speculative decoding engine: ties a target context and (optionally) a draft context, and
+// runs steps over a batch of sequences — draft a block per sequence from its last committed token,
+// verify all blocks with the target in one batch, accept per sequence the longest matching prefix
+// plus one target token, roll back rejected cells, and inject the features of the committed
+// positions into the draft. Output is lossless: greedy equals target-only greedy; sampled output
+// has the target's distribution.
+#pragma once
+
+#include "dspark.h"
+#include "dspark-context.h"
+#include "dspark-draft.h"
+#include "dspark-sampler.h"
+
+#include <chrono>
+#include <map>
+#include <random>
+#include <vector>
+
+struct dspark_seq_state {
+    int32_t               id = 0;
+    int32_t               status = DSPARK_SEQ_IDLE;
+    dspark_sampler_params sp;
+    dspark_rng            rng;       // the committed stream of target sampling
+    std::mt19937_64       aux;       // acceptance tests and draft noise (probabilistic drafting)
+    int32_t               n_past = 0;  // target (and draft) cells [0, n_past) hold committed tokens
+    dspark_token          anchor = 0;  // the last committed token, not yet in the caches
+    int32_t               max_tokens = 0;
+    std::vector<std::vector<dspark_token>> stops;
+    std::vector<dspark_token> tail;    // recent output, for stop sequences
+    std::vector<dspark_token> new_tokens;       // committed by the last add / step
+    std::vector<uint8_t>      new_from_draft;
+    dspark_spec_stats     stats;
+};
+
+struct dspark_engine {
+    dspark_context &       tgt;
+    dspark_draft_context * dft = nullptr;
+    dspark_spec_params     params;
+    int32_t                n_draft = 0;   // block tokens proposed per drafting sequence (n_max clamped)
+    std::vector<dspark_token> eog;
+    std::map<int32_t, dspark_seq_state> seqs;
+    std::vector<double>    verify_ms;     // measured target decode time by batch size (confidence schedule)
+    dspark_spec_stats      total;
+
+    dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & params);
+
+    void add(int32_t seq_id, const dspark_request & req);  // prefill and the first token
+    int32_t step();                                         // returns the number of active sequences
+    void remove(int32_t seq_id);
+
+  private:
+    struct plan {  // one sequence's part of a step
+        dspark_seq_state * s;
+        std::vector<dspark_token> draft;     // tokens to verify after the anchor
+        std::vector<float>        conf;
+        std::vector<float>        q_logits;  // [k][V] draft logits (probabilistic drafting)
+        int row = 0;                         // first row in the verify batch
+    };
+    void draft_blocks(std::vector<plan> & plans);
+    void schedule_by_confidence(std::vector<plan> & plans) const;
+    void verify(std::vector<plan> & plans);
+    std::vector<dspark_token> accept_greedy_chain(plan & p) const;
+    std::vector<dspark_token> accept_rejection(plan & p);
+    void commit(plan & p, const std::vector<dspark_token> & out, int n_drafted_accepted);
+    bool finished_by(dspark_seq_state & s, dspark_token t);
+    void measure_verify_cost();
+    double verify_cost(int n_tokens) const;
+    int    draft_budget(const dspark_seq_state & s) const;
+};

@@ -1,0 +1,185 @@
+#include "dspark-sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+int32_t dspark_argmax(const float * logits, int n_vocab) {
+    int32_t best = 0;
+    for (int i = 1; i < n_vocab; ++i) {
+        if (logits[i] > logits[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+// softmax(x · scale) in place, in float like ggml
+static void softmax(std::vector<float> & x, float scale) {
+    float mx = -INFINITY;
+    for (float v : x) {
+        mx = std::max(mx, v * scale);
+    }
+    double sum = 0.0;
+    for (float & v : x) {
+        v = expf(v * scale - mx);
+        sum += v;
+    }
+    const float inv = (float) (1.0 / sum);
+    for (float & v : x) {
+        v *= inv;
+    }
+}
+
+// Candidates in the order the graph uses: top-k or all tokens sorted by logit (descending), or
+// vocabulary order when nothing filters.
+static void candidates(const float * logits, int n_vocab, const dspark_sampler_params & p, std::vector<int32_t> & ids) {
+    ids.resize(n_vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    if (!p.sorts(n_vocab)) {
+        return;
+    }
+    auto by_logit = [logits](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+    if (p.top_k > 0 && p.top_k < n_vocab) {
+        std::partial_sort(ids.begin(), ids.begin() + p.top_k, ids.end(), by_logit);
+        ids.resize(p.top_k);
+    } else {
+        std::sort(ids.begin(), ids.end(), by_logit);
+    }
+}
+
+// Masked logits of the candidates: top_p and min_p turn dropped candidates into -1e30.
+static void filtered_values(const float * logits, const std::vector<int32_t> & ids, const dspark_sampler_params & p,
+                            bool sorted, std::vector<float> & vals) {
+    vals.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+        vals[i] = logits[ids[i]];
+    }
+    if (!sorted || (p.top_p >= 1.0f && p.min_p <= 0.0f)) {
+        return;
+    }
+    std::vector<float> probs = vals;
+    softmax(probs, 1.0f);
+    float cum = 0.0f;
+    for (size_t i = 0; i < vals.size(); ++i) {
+        cum += probs[i];
+        float keep = 1.0f;
+        if (p.top_p < 1.0f && !(p.top_p - (cum - probs[i]) > 0.0f)) {  // mass before i must be < top_p
+            keep = 0.0f;
+        }
+        if (p.min_p > 0.0f && !(probs[i] - p.min_p * probs[0] > 0.0f)) {
+            keep = 0.0f;
+        }
+        vals[i] = vals[i] * keep + (keep - 1.0f) * 1e30f;
+    }
+}
+
+void dspark_sampler_distribution(const float * logits, int n_vocab, const dspark_sampler_params & p, dspark_distribution & out) {
+    out.ids.clear();
+    out.probs.clear();
+    if (p.greedy()) {
+        out.ids.push_back(dspark_argmax(logits, n_vocab));
+        out.probs.push_back(1.0f);
+        return;
+    }
+    std::vector<int32_t> ids;
+    std::vector<float> vals;
+    candidates(logits, n_vocab, p, ids);
+    filtered_values(logits, ids, p, p.sorts(n_vocab), vals);
+    softmax(vals, 1.0f / p.temperature);
+    out.ids = std::move(ids);
+    out.probs = std::move(vals);
+}
+
+int32_t dspark_sample_host(const float * logits, int n_vocab, const dspark_sampler_params & p, float u) {
+    if (p.greedy()) {
+        return dspark_argmax(logits, n_vocab);
+    }
+    dspark_distribution d;
+    dspark_sampler_distribution(logits, n_vocab, p, d);
+    const int n = (int) d.ids.size();
+    float cum = 0.0f;
+    int above = 0;  // candidates whose cumulative probability exceeds u
+    for (int i = 0; i < n; ++i) {
+        cum += d.probs[i];
+        above += cum - u > 0.0f ? 1 : 0;
+    }
+    above = std::min(std::max(above, 1), n);
+    return d.ids[n - above];
+}
+
+// ---- in-graph ---------------------------------------------------------------------------------
+
+// Per column gather: out[i, c] = src[idx[i, c], c]; src [n, r] (F32 or I32), idx I32 [m, r].
+static ggml_tensor * gather_cols(ggml_context * ctx, ggml_tensor * src, ggml_tensor * idx) {
+    ggml_tensor * s3 = ggml_reshape_3d(ctx, src, 1, src->ne[0], src->ne[1]);  // rows of one value
+    ggml_tensor * out = ggml_get_rows(ctx, s3, idx);                           // [1, m, r]
+    return ggml_reshape_2d(ctx, out, idx->ne[0], idx->ne[1]);
+}
+
+ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, const dspark_sampler_params & p) {
+    const int64_t V = logits->ne[0], r = logits->ne[1];
+    if (p.greedy()) {
+        return ggml_argmax(ctx, logits);  // [r]
+    }
+    ggml_tensor * vals = logits;  // candidate logits [n, r]
+    ggml_tensor * ids = nullptr;  // candidate token ids I32 [n, r]; null = vocabulary order
+    if (p.sorts((int) V)) {
+        if (p.top_k > 0 && p.top_k < V) {
+            ids = ggml_top_k(ctx, logits, p.top_k);  // unordered
+            vals = gather_cols(ctx, logits, ids);
+        }
+        ggml_tensor * order = ggml_argsort(ctx, vals, GGML_SORT_ORDER_DESC);
+        vals = gather_cols(ctx, vals, order);
+        ids = ids ? gather_cols(ctx, ids, order) : order;
+        if (p.top_p < 1.0f || p.min_p > 0.0f) {
+            ggml_tensor * probs = ggml_soft_max(ctx, vals);
+            ggml_tensor * keep = nullptr;
+            if (p.top_p < 1.0f) {
+                ggml_tensor * before = ggml_sub(ctx, ggml_cumsum(ctx, probs), probs);  // mass before each candidate
+                keep = ggml_step(ctx, ggml_scale_bias(ctx, before, -1.0f, p.top_p));
+            }
+            if (p.min_p > 0.0f) {
+                ggml_tensor * pmax = ggml_cont(ctx, ggml_view_2d(ctx, probs, 1, r, probs->nb[1], 0));  // sorted: first is the max
+                ggml_tensor * k2 = ggml_step(ctx, ggml_sub(ctx, probs, ggml_scale(ctx, pmax, p.min_p)));
+                keep = keep ? ggml_mul(ctx, keep, k2) : k2;
+            }
+            // kept: the logit; dropped: -1e30
+            vals = ggml_add(ctx, ggml_mul(ctx, vals, keep), ggml_scale_bias(ctx, keep, 1e30f, -1e30f));
+        }
+    }
+    const int64_t n = vals->ne[0];
+    ggml_tensor * probs = ggml_soft_max_ext(ctx, vals, nullptr, 1.0f / p.temperature, 0.0f);
+    ggml_tensor * above = ggml_sum_rows(ctx, ggml_step(ctx, ggml_sub(ctx, ggml_cumsum(ctx, probs), u)));  // [1, r]
+    above = ggml_clamp(ctx, above, 1.0f, (float) n);
+    ggml_tensor * idx = ggml_cast(ctx, ggml_scale_bias(ctx, above, -1.0f, (float) n), GGML_TYPE_I32);  // [1, r]
+    if (!ids) {
+        return ggml_reshape_1d(ctx, idx, r);
+    }
+    return ggml_reshape_1d(ctx, gather_cols(ctx, ids, idx), r);
+}
+
+// ---- random stream ------------------------------------------------------------------------------
+
+static float draw(std::mt19937 & g) {
+    return (float) std::uniform_real_distribution<double>(0.0, 1.0)(g);
+}
+
+std::vector<float> dspark_rng::peek(int n) const {
+    std::mt19937 g = committed;
+    std::vector<float> out(n);
+    for (float & x : out) {
+        x = draw(g);
+    }
+    return out;
+}
+
+void dspark_rng::advance(int n) {
+    for (int i = 0; i < n; ++i) {
+        draw(committed);
+    }
+}
+
+float dspark_rng::next() {
+    return draw(committed);
+}

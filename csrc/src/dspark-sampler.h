@@ -1,0 +1,54 @@
+// Token sampling, the same chain on the host and inside a ggml graph:
+//
+//   temperature <= 0 : argmax
+//   otherwise        : candidates = top_k by logit (sorted), or all tokens sorted when top_p / min_p
+//                      filter, else all tokens in vocabulary order;
+//                      top_p keeps a candidate while the probability mass before it is < top_p,
+//                      min_p keeps it while p > min_p · p_max (both on softmax at temperature 1);
+//                      then softmax(logits / temperature) over the kept candidates, cumulative sum c,
+//                      and the token is candidate n - clamp(#{c > u}, 1, n) for a uniform draw u.
+//
+// The clamp makes a draw above the final cumulative sum (rounding) pick the last candidate.
+// Uniform draws come from a per-sequence mt19937 as doubles cast to float; a speculative step draws
+// them from a copy of the committed generator and commits one draw per emitted token, so rows
+// that get rejected do not shift the stream.
+#pragma once
+
+#include "ggml.h"
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+struct dspark_sampler_params {
+    float   temperature = 0.0f;
+    int32_t top_k       = 0;
+    float   top_p       = 1.0f;
+    float   min_p       = 0.0f;
+
+    bool greedy() const { return !(temperature > 0.0f); }
+    bool sorts(int n_vocab) const { return (top_k > 0 && top_k < n_vocab) || top_p < 1.0f || min_p > 0.0f; }
+};
+
+// The sampling distribution of one row: candidate ids and their probabilities (sum 1).
+struct dspark_distribution {
+    std::vector<int32_t> ids;
+    std::vector<float>   probs;
+};
+
+void    dspark_sampler_distribution(const float * logits, int n_vocab, const dspark_sampler_params & p, dspark_distribution & out);
+int32_t dspark_sample_host(const float * logits, int n_vocab, const dspark_sampler_params & p, float u);
+int32_t dspark_argmax(const float * logits, int n_vocab);
+
+// In-graph: sample each column of logits [V, r] with the uniforms u [1, r]; returns I32 [r].
+ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, const dspark_sampler_params & p);
+
+// A sequence's random stream (committed state + a scratch copy for one speculative step).
+struct dspark_rng {
+    std::mt19937 committed;
+    explicit dspark_rng(uint32_t seed = 0) : committed(seed) {}
+    // the next n draws from the committed state, without advancing it
+    std::vector<float> peek(int n) const;
+    void               advance(int n);
+    float              next();  // draw and commit one
+};

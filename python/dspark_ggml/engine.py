@@ -1,0 +1,175 @@
+"""The speculative decoding engine (C++), driven step by step from Python."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _lib
+from .context import Context
+from .draft import DraftContext
+from .errors import InvalidArgumentError
+from .sampling import SamplingParams
+
+DRAFT_MODES = {"greedy": 0, "probabilistic": 1}
+SCHEDULES = {"static": 0, "confidence": 1}
+SEQ_STATUS = {0: "idle", 1: "active", 2: "length", 3: "eog", 4: "stop", 5: "context_full"}
+
+
+@dataclass
+class SpecStats:
+    """Speculative decoding counters (of one sequence or all); times in milliseconds."""
+
+    n_prompt: int = 0
+    n_generated: int = 0
+    n_steps: int = 0
+    n_drafted: int = 0
+    n_accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+    t_prefill_ms: float = 0.0
+    t_draft_ms: float = 0.0
+    t_verify_ms: float = 0.0
+    t_host_ms: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens / drafted tokens."""
+        return self.n_accepted / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """τ: tokens emitted per verify step, the target's own token included (DSpark paper)."""
+        return (self.n_accepted + self.n_steps) / self.n_steps if self.n_steps else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """Per draft position: accepted / drafted there."""
+        return [a / d for a, d in zip(self.accepted_at, self.drafted_at) if d]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
+                 acceptance_by_position=self.acceptance_by_position)
+        return d
+
+
+class Engine:
+    """Speculative decoding over a target context and an optional draft context.
+
+    Args:
+        target: the target :class:`~dspark_ggml.context.Context`.
+        draft: a :class:`~dspark_ggml.draft.DraftContext`, or None for target-only decoding.
+        n_max: draft tokens per step; 0 (default) = the draft's maximum (clamped to it).
+        n_min: draft nothing when fewer would be verified. Default 0.
+        p_min: DSpark: cut a block at the first position whose confidence is below p_min. Default 0.
+        draft_mode: "greedy" (argmax chain, accept by matching the target's samples; default) or
+            "probabilistic" (sampled chain, rejection sampling min(1, p/q)).
+        schedule: "static" (default) or "confidence" (DSpark's prefix scheduler).
+        backend_sampling: sample the verify rows inside the target's graph. Default False.
+        eog: end-of-generation token ids.
+    """
+
+    def __init__(self, target: Context, draft: DraftContext | None = None, *, n_max: int = 0, n_min: int = 0,
+                 p_min: float = 0.0, draft_mode: str = "greedy", schedule: str = "static",
+                 backend_sampling: bool = False, eog: Sequence[int] = ()) -> None:
+        if draft_mode not in DRAFT_MODES:
+            raise InvalidArgumentError(f"draft_mode must be one of {sorted(DRAFT_MODES)}, got {draft_mode!r}")
+        if schedule not in SCHEDULES:
+            raise InvalidArgumentError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+        lib, ffi = _lib.lib(), _lib.ffi()
+        p = ffi.new("struct dspark_spec_params *", lib.dspark_spec_default_params())
+        p.n_max, p.n_min, p.p_min = n_max, n_min, p_min
+        p.draft_mode, p.schedule, p.backend_sampling = DRAFT_MODES[draft_mode], SCHEDULES[schedule], backend_sampling
+        self.target, self.draft = target, draft
+        self._handle: Any = _lib.check_ptr(lib.dspark_engine_init(target.handle, draft.handle if draft else ffi.NULL, p))
+        self.set_eog(eog)
+
+    def close(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            _lib.lib().dspark_engine_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            raise ValueError("the engine is closed")
+        return self._handle
+
+    @property
+    def n_draft(self) -> int:
+        """Draft tokens per step (n_max after clamping; 0 without a draft)."""
+        return int(_lib.lib().dspark_engine_n_draft(self.handle))
+
+    def set_eog(self, ids: Sequence[int]) -> None:
+        a = np.ascontiguousarray(list(ids), dtype=np.int32)
+        _lib.check(_lib.lib().dspark_engine_set_eog(self.handle, _lib.ffi().from_buffer("int32_t[]", a), len(a)))
+
+    def add(self, seq_id: int, prompt: Sequence[int] | np.ndarray, sampling: SamplingParams | None = None,
+            stop_sequences: Sequence[Sequence[int]] = ()) -> list[int]:
+        """Start a sequence: prefill the prompt and return its first token(s)."""
+        sp = sampling or SamplingParams()
+        sp.validate()
+        lib, ffi = _lib.lib(), _lib.ffi()
+        prompt_a = np.ascontiguousarray(prompt, dtype=np.int32).reshape(-1)
+        stops = [list(s) for s in stop_sequences]
+        flat = np.ascontiguousarray([t for s in stops for t in s], dtype=np.int32)
+        lens = np.ascontiguousarray([len(s) for s in stops], dtype=np.int32)
+        r = ffi.new("struct dspark_request *")
+        r.prompt = ffi.from_buffer("int32_t[]", prompt_a)
+        r.n_prompt = len(prompt_a)
+        r.max_tokens = sp.max_tokens or 0
+        c_sp = sp.to_c()
+        r.sampling = c_sp
+        r.stop_tokens = ffi.from_buffer("int32_t[]", flat) if len(flat) else ffi.NULL
+        r.stop_lens = ffi.from_buffer("int32_t[]", lens) if len(lens) else ffi.NULL
+        r.n_stop = len(stops)
+        _lib.check(lib.dspark_engine_add(self.handle, seq_id, r))
+        return self.new_tokens(seq_id)[0]
+
+    def step(self) -> int:
+        """One speculative step for every active sequence; returns how many are still active."""
+        return _lib.check(_lib.lib().dspark_engine_step(self.handle))
+
+    def new_tokens(self, seq_id: int) -> tuple[list[int], list[bool]]:
+        """Tokens the last add/step committed for a sequence, and which came from the draft."""
+        ffi = _lib.ffi()
+        tp, fp = ffi.new("const int32_t **"), ffi.new("const uint8_t **")
+        n = _lib.check(_lib.lib().dspark_engine_get_tokens(self.handle, seq_id, tp, fp))
+        return [tp[0][i] for i in range(n)], [bool(fp[0][i]) for i in range(n)]
+
+    def status(self, seq_id: int) -> str:
+        """"active", or why the sequence finished: "length", "eog", "stop", "context_full"."""
+        return SEQ_STATUS.get(_lib.lib().dspark_engine_seq_status(self.handle, seq_id), "idle")
+
+    def stats(self, seq_id: int = -1) -> SpecStats:
+        """Counters of one sequence, or of all (-1)."""
+        ffi = _lib.ffi()
+        s = ffi.new("struct dspark_spec_stats *")
+        _lib.check(_lib.lib().dspark_engine_get_stats(self.handle, seq_id, s))
+        n = max((i + 1 for i in range(64) if s.drafted_at[i]), default=0)
+        return SpecStats(s.n_prompt, s.n_generated, s.n_steps, s.n_drafted, s.n_accepted,
+                         [s.drafted_at[i] for i in range(n)], [s.accepted_at[i] for i in range(n)],
+                         s.t_prefill_ms, s.t_draft_ms, s.t_verify_ms, s.t_host_ms)
+
+    def remove(self, seq_id: int) -> None:
+        """Forget a sequence and free its cells in both caches."""
+        _lib.check(_lib.lib().dspark_engine_remove(self.handle, seq_id))
+
+    def generate(self, prompt: Sequence[int], sampling: SamplingParams | None = None, seq_id: int = 0) -> list[int]:
+        """Generate one sequence to completion; returns the new tokens."""
+        out = list(self.add(seq_id, prompt, sampling))
+        while self.status(seq_id) == "active":
+            self.step()
+            out += self.new_tokens(seq_id)[0]
+        return out
