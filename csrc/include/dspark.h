@@ -468,6 +468,10 @@ DSPARK_API int32_t dspark_engine_seq_status(const struct dspark_engine * engine,
 DSPARK_API int32_t dspark_engine_get_stats(const struct dspark_engine * engine, dspark_seq_id seq_id, struct dspark_spec_stats * out);
 /* Finish a sequence now and free its cells in both caches. */
 DSPARK_API int32_t dspark_engine_remove(struct dspark_engine * engine, dspark_seq_id seq_id);
+/* Called during the computations of add and step (prefill, draft, verify); returning true stops
+ * them with DSPARK_STATUS_ABORTED. The engine checks it only where stopping leaves every sequence
+ * and both caches as they were before the call, so the engine stays usable. NULL removes it. */
+DSPARK_API void    dspark_engine_set_abort_callback(struct dspark_engine * engine, dspark_abort_callback callback, void * user_data);
 
 /* @cdef-end */
 

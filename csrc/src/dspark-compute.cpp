@@ -44,7 +44,7 @@ void dspark_compute::set_threads(int n_threads) {
 
 bool dspark_compute::abort_trampoline(void * self) {
     const dspark_compute * c = (const dspark_compute *) self;
-    return c->abort_fn && c->abort_fn(c->abort_data);
+    return c->abortable && c->abort_fn && c->abort_fn(c->abort_data);
 }
 
 void dspark_compute::set_abort(dspark_abort_fn fn, void * data) {

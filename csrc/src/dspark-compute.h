@@ -25,6 +25,8 @@ struct dspark_compute {
     void init(ggml_backend_dev_t dev, int n_threads, size_t max_nodes);
     void set_threads(int n_threads);
     void set_abort(dspark_abort_fn fn, void * data);
+    // While false, the abort callback is not consulted (a step's commit phase must not stop halfway).
+    bool abortable = true;
 
     // Start describing a new graph (invalidates tensors of the previous one).
     ggml_context * begin();

@@ -420,6 +420,12 @@ void dspark_engine::verify(std::vector<plan> & plans) {
     total.t_verify_ms += t_verify;
 
     t0 = clock_type::now();
+    // From here on the step commits: it must not be stopped halfway.
+    struct no_abort {
+        dspark_compute * c;
+        explicit no_abort(dspark_compute * c) : c(c) { if (c) c->abortable = false; }
+        ~no_abort() { if (c) c->abortable = true; }
+    } guard_draft(dft ? &dft->compute : nullptr);
     // accept per sequence, then one inject of every committed position into the draft
     std::vector<float> feats;
     std::vector<dspark_pos> inj_pos;

@@ -890,3 +890,13 @@ int32_t dspark_engine_remove(struct dspark_engine * e, dspark_seq_id seq_id) {
         return DSPARK_STATUS_OK;
     });
 }
+
+void dspark_engine_set_abort_callback(struct dspark_engine * e, dspark_abort_callback callback, void * user_data) {
+    if (!e) {
+        return;
+    }
+    e->tgt.compute.set_abort(callback, user_data);
+    if (e->dft) {
+        e->dft->compute.set_abort(callback, user_data);
+    }
+}

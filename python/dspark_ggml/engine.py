@@ -84,6 +84,7 @@ class Engine:
         p.draft_mode, p.schedule, p.backend_sampling = DRAFT_MODES[draft_mode], SCHEDULES[schedule], backend_sampling
         self.target, self.draft = target, draft
         self._handle: Any = _lib.check_ptr(lib.dspark_engine_init(target.handle, draft.handle if draft else ffi.NULL, p))
+        self._abort_cb: Any = None
         self.set_eog(eog)
 
     def close(self) -> None:
@@ -161,6 +162,17 @@ class Engine:
         return SpecStats(s.n_prompt, s.n_generated, s.n_steps, s.n_drafted, s.n_accepted,
                          [s.drafted_at[i] for i in range(n)], [s.accepted_at[i] for i in range(n)],
                          s.t_prefill_ms, s.t_draft_ms, s.t_verify_ms, s.t_host_ms)
+
+    def set_abort_callback(self, callback: Any | None) -> None:
+        """Call ``callback()`` during add/step computations; a true result stops the call with
+        AbortedError, leaving every sequence and both caches as before it (the engine stays usable)."""
+        ffi = _lib.ffi()
+        if callback is None:
+            self._abort_cb = None
+            _lib.lib().dspark_engine_set_abort_callback(self.handle, ffi.NULL, ffi.NULL)
+            return
+        self._abort_cb = ffi.callback("bool(void *)", lambda _data: bool(callback()))
+        _lib.lib().dspark_engine_set_abort_callback(self.handle, self._abort_cb, ffi.NULL)
 
     def remove(self, seq_id: int) -> None:
         """Forget a sequence and free its cells in both caches."""
