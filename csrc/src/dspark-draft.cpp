@@ -54,8 +54,9 @@ void dspark_draft_context::reserve_worst_case() {
 
 // ---- injection ----------------------------------------------------------------------------------
 
-void dspark_draft_context::inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos,
-                                  const dspark_seq_id * seq) {
+// Check feature rows; `last` tracks each sequence's last position (-2 = not looked up yet).
+void dspark_draft_context::validate_inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos,
+                                           const dspark_seq_id * seq, std::vector<int32_t> & last) const {
     const int32_t want = (int32_t) hp().target_layers.size() * hp().n_embd;
     if (width != want) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "feature rows have width %d, the draft expects %zu layers x %d = %d",
@@ -64,7 +65,6 @@ void dspark_draft_context::inject(const float * features, int32_t n_rows, int32_
     if (n_rows < 1 || (uint32_t) n_rows > params.n_batch || !features || !pos || !seq) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "inject: need 1 .. n_batch (%u) rows with positions and sequence ids", params.n_batch);
     }
-    std::vector<int32_t> last(params.n_seq_max, -2);
     for (int32_t i = 0; i < n_rows; ++i) {
         if (seq[i] < 0 || (uint32_t) seq[i] >= params.n_seq_max) {
             dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence id %d at row %d: must be 0 .. %u", seq[i], i, params.n_seq_max - 1);
@@ -81,6 +81,12 @@ void dspark_draft_context::inject(const float * features, int32_t n_rows, int32_
         }
         last[seq[i]] = pos[i];
     }
+}
+
+void dspark_draft_context::inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos,
+                                  const dspark_seq_id * seq) {
+    std::vector<int32_t> last(params.n_seq_max, -2);
+    validate_inject(features, n_rows, width, pos, seq, last);
     std::vector<int32_t> slots;
     if (!kv.find_slots((uint32_t) n_rows, slots)) {
         dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the draft KV cache is full (%u of %u cells used)", kv.n_used(), kv.n_cells);
@@ -105,7 +111,7 @@ void dspark_draft_context::inject(const float * features, int32_t n_rows, int32_
 
 // ---- propose ------------------------------------------------------------------------------------
 
-void dspark_draft_context::validate_propose(const dspark_propose_request & r) const {
+void dspark_draft_context::validate_propose(const dspark_propose_request & r, std::vector<int32_t> & last) const {
     if (r.n_seqs < 1 || (uint32_t) r.n_seqs > params.n_seq_max || !r.anchors || !r.pos0 || !r.seq_ids) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "propose: need 1 .. n_seq_max (%u) sequences with anchors, positions and ids",
                      params.n_seq_max);
@@ -132,7 +138,10 @@ void dspark_draft_context::validate_propose(const dspark_propose_request & r) co
             dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "a block at position %d of sequence %d does not fit in n_ctx (%u)", r.pos0[i], s,
                          params.n_ctx);
         }
-        if (kv.seq_pos_max(s) >= r.pos0[i]) {
+        if (last[s] == -2) {
+            last[s] = kv.seq_pos_max(s);
+        }
+        if (last[s] >= r.pos0[i]) {
             dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d has injected cells at positions >= the anchor position %d; "
                          "remove them with seq_rm first", s, r.pos0[i]);
         }
@@ -140,7 +149,12 @@ void dspark_draft_context::validate_propose(const dspark_propose_request & r) co
 }
 
 void dspark_draft_context::propose(const dspark_propose_request & r) {
-    validate_propose(r);
+    std::vector<int32_t> last(params.n_seq_max, -2);  // pending injections count as injected
+    if (r.n_inject > 0) {
+        const int32_t width = (int32_t) hp().target_layers.size() * hp().n_embd;
+        validate_inject(r.inject_features, r.n_inject, width, r.inject_pos, r.inject_seq, last);
+    }
+    validate_propose(r, last);
     const int B = block_len(r.n_draft);
     const int n_tok = B * r.n_seqs;
     std::vector<int32_t> pos(n_tok), seq(n_tok);
@@ -151,19 +165,22 @@ void dspark_draft_context::propose(const dspark_propose_request & r) {
         }
     }
     std::vector<int32_t> slots;
-    if (!kv.find_slots((uint32_t) n_tok, slots)) {
-        dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the draft KV cache has no room for the blocks");
+    if (!kv.find_slots((uint32_t) (r.n_inject + n_tok), slots)) {
+        dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the draft KV cache has no room for the context rows and the blocks");
     }
-    // The block's own cells are temporary: claimed for this decode, given back after it.
-    kv.commit(slots, pos.data(), seq.data());
+    const std::vector<int32_t> inj_slots(slots.begin(), slots.begin() + r.n_inject);
+    const std::vector<int32_t> block_slots(slots.begin() + r.n_inject, slots.end());
+    // Injected cells stay; the block's own cells are temporary: claimed for this decode only.
+    kv.commit(inj_slots, r.inject_pos, r.inject_seq);
+    kv.commit(block_slots, pos.data(), seq.data());
     try {
-        run_propose(r, slots);
+        run_propose(r, inj_slots, block_slots);
     } catch (...) {
         kv.release(slots);
         n_seqs = 0;
         throw;
     }
-    kv.release(slots);
+    kv.release(block_slots);
 }
 
 // Gumbel(0, 1) noise for Gumbel-max sampling, from a seeded generator.
@@ -177,7 +194,8 @@ static void fill_gumbel(std::vector<float> & out, uint64_t seed) {
     }
 }
 
-void dspark_draft_context::run_propose(const dspark_propose_request & r, const std::vector<int32_t> & slots) {
+void dspark_draft_context::run_propose(const dspark_propose_request & r, const std::vector<int32_t> & inj_slots,
+                                       const std::vector<int32_t> & slots) {
     const int B = block_len(r.n_draft);
     const int n_tok = B * r.n_seqs;
     const int P = r.n_draft;
@@ -186,8 +204,20 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
     ggml_context * ctx = compute.begin();
     ggml_cgraph * gf = compute.new_graph(ctx);
     dspark_graph g = {ctx, gf};
+    // the context rows are written to the cache before the block reads it (graph order)
+    dflash_inject_graph inj;
+    if (r.n_inject > 0) {
+        inj = build_dflash_inject(g, *model.draft, kv, r.n_inject);
+    }
     dflash_block_graph io = build_dflash_block(g, *model.draft, kv, d2t_i32, r.n_seqs, B, n_kv, flash_attn, r.want_logits, r.pick);
     compute.alloc(gf);
+    if (r.n_inject > 0) {
+        const int32_t width = (int32_t) hp().target_layers.size() * hp().n_embd;
+        dspark_set_input(inj.feat, r.inject_features, sizeof(float) * (size_t) r.n_inject * width);
+        dspark_set_input(inj.pos, r.inject_pos, sizeof(int32_t) * r.n_inject);
+        std::vector<int64_t> iidx(inj_slots.begin(), inj_slots.end());
+        dspark_set_input(inj.kv_idx, iidx.data(), sizeof(int64_t) * r.n_inject);
+    }
 
     std::vector<int32_t> tok(n_tok), pos(n_tok), seq(n_tok);
     for (int32_t b = 0; b < r.n_seqs; ++b) {
@@ -218,7 +248,12 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
     }
 
     compute.compute(gf);
+    read_results(r, io);
+}
 
+// Copy the proposal back, block-major [n_seqs][P].
+void dspark_draft_context::read_results(const dspark_propose_request & r, const dflash_block_graph & io) {
+    const int P = r.n_draft;
     // results, block-major [n_seqs][P]
     n_seqs = r.n_seqs;
     n_draft = P;

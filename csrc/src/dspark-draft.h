@@ -21,6 +21,12 @@ struct dspark_propose_request {
     bool                  want_logits = false;
     dflash_pick           pick;               // argmax, or Gumbel-max sampling
     uint64_t              seed = 0;           // noise seed when sampling
+    // Target features to inject first, in the same graph (the positions committed since the last
+    // propose): rows [n_inject][width] at (inject_pos, inject_seq). They stay in the cache.
+    int32_t               n_inject = 0;
+    const float *         inject_features = nullptr;
+    const dspark_pos *    inject_pos = nullptr;
+    const dspark_seq_id * inject_seq = nullptr;
 };
 
 struct dspark_draft_context {
@@ -52,7 +58,11 @@ struct dspark_draft_context {
     ggml_context *        d2t_ctx = nullptr;
     ggml_backend_buffer_t d2t_buf = nullptr;
     ggml_tensor *         d2t_i32 = nullptr;  // I32 {1, Vd}: draft id -> target id, for gathers
-    void validate_propose(const dspark_propose_request & req) const;
-    void run_propose(const dspark_propose_request & req, const std::vector<int32_t> & slots);
+    void validate_inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos,
+                         const dspark_seq_id * seq, std::vector<int32_t> & last) const;
+    void validate_propose(const dspark_propose_request & req, std::vector<int32_t> & last) const;
+    void run_propose(const dspark_propose_request & req, const std::vector<int32_t> & inj_slots,
+                     const std::vector<int32_t> & block_slots);
+    void read_results(const dspark_propose_request & req, const dflash_block_graph & io);
     void reserve_worst_case();
 };

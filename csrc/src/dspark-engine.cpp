@@ -301,8 +301,29 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     if (which.empty()) {
         return;
     }
+    // the drafting sequences' committed positions go into the draft cache in the same graph
+    std::vector<float> inj_feat;
+    std::vector<dspark_pos> inj_pos;
+    std::vector<dspark_seq_id> inj_seq;
+    for (size_t i : which) {
+        dspark_seq_state & s = *plans[i].s;
+        inj_feat.insert(inj_feat.end(), s.pending_feat.begin(), s.pending_feat.end());
+        inj_pos.insert(inj_pos.end(), s.pending_pos.begin(), s.pending_pos.end());
+        inj_seq.insert(inj_seq.end(), s.pending_pos.size(), s.id);
+    }
+    const int32_t width = (int32_t) (dft->hp().target_layers.size() * dft->hp().n_embd);
+    size_t done = 0;
+    while (inj_pos.size() - done > dft->params.n_batch) {  // more than one graph takes: inject ahead
+        const int32_t m = (int32_t) dft->params.n_batch;
+        dft->inject(inj_feat.data() + done * width, m, width, inj_pos.data() + done, inj_seq.data() + done);
+        done += m;
+    }
     const bool sampled = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !plans[which[0]].s->sp.greedy();
     dspark_propose_request r;
+    r.n_inject = (int32_t) (inj_pos.size() - done);
+    r.inject_features = inj_feat.data() + done * width;
+    r.inject_pos = inj_pos.data() + done;
+    r.inject_seq = inj_seq.data() + done;
     r.n_seqs = (int32_t) which.size();
     r.anchors = anchors.data();
     r.pos0 = pos0.data();
@@ -313,6 +334,10 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     r.pick.temperature = sampled ? plans[which[0]].s->sp.temperature : 1.0f;
     r.seed = sampled ? plans[which[0]].s->aux() : 0;
     dft->propose(r);
+    for (size_t i : which) {
+        plans[i].s->pending_feat.clear();
+        plans[i].s->pending_pos.clear();
+    }
 
     const int V = dft->hp().n_vocab;
     for (size_t w = 0; w < which.size(); ++w) {
@@ -426,10 +451,7 @@ void dspark_engine::verify(std::vector<plan> & plans) {
         explicit no_abort(dspark_compute * c) : c(c) { if (c) c->abortable = false; }
         ~no_abort() { if (c) c->abortable = true; }
     } guard_draft(dft ? &dft->compute : nullptr);
-    // accept per sequence, then one inject of every committed position into the draft
-    std::vector<float> feats;
-    std::vector<dspark_pos> inj_pos;
-    std::vector<dspark_seq_id> inj_seq;
+    // accept per sequence; the features of committed positions wait for the next proposal
     const int width = dft ? (int) (dft->hp().target_layers.size() * dft->hp().n_embd) : 0;
     for (plan & p : plans) {
         const bool rejection = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !p.s->sp.greedy() && !p.q_logits.empty();
@@ -443,26 +465,14 @@ void dspark_engine::verify(std::vector<plan> & plans) {
         p.s->stats.t_verify_ms += t_verify / plans.size();
         if (dft && p.s->status == DSPARK_SEQ_ACTIVE) {
             const int keep = p.s->n_past - n_past;  // the anchor and the accepted drafts
+            const float * rows = tgt.captured.data() + (size_t) p.row * width;
+            p.s->pending_feat.insert(p.s->pending_feat.end(), rows, rows + (size_t) keep * width);
             for (int j = 0; j < keep; ++j) {
-                const float * row = tgt.captured.data() + (size_t) (p.row + j) * width;
-                feats.insert(feats.end(), row, row + width);
-                inj_pos.push_back(n_past + j);
-                inj_seq.push_back(p.s->id);
+                p.s->pending_pos.push_back(n_past + j);
             }
         }
     }
-    if (!inj_pos.empty()) {
-        const double th = ms_since(t0);
-        const auto ti = clock_type::now();
-        for (size_t c = 0; c < inj_pos.size(); c += dft->params.n_batch) {
-            const int32_t m = (int32_t) std::min<size_t>(dft->params.n_batch, inj_pos.size() - c);
-            dft->inject(feats.data() + c * width, m, width, inj_pos.data() + c, inj_seq.data() + c);
-        }
-        total.t_draft_ms += ms_since(ti);
-        total.t_host_ms += th;
-    } else {
-        total.t_host_ms += ms_since(t0);
-    }
+    total.t_host_ms += ms_since(t0);
 }
 
 // Sample the target row by row and keep the drafts it agrees with (llama.cpp's rule). Greedy rows

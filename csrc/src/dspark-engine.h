@@ -27,6 +27,8 @@ struct dspark_seq_state {
     int32_t               max_tokens = 0;
     std::vector<std::vector<dspark_token>> stops;
     std::vector<dspark_token> tail;    // recent output, for stop sequences
+    std::vector<float>        pending_feat;     // target features of committed positions not yet in the
+    std::vector<dspark_pos>   pending_pos;      // draft cache: injected with the next proposal
     std::vector<dspark_token> new_tokens;       // committed by the last add / step
     std::vector<uint8_t>      new_from_draft;
     dspark_spec_stats     stats;
