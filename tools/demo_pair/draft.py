@@ -17,7 +17,6 @@ Architecture (as the runtime computes it, see the project's dflash-dspark spec Â
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -234,11 +233,14 @@ class DSparkDraft(nn.Module):
         pos = torch.arange(pos0, pos0 + c.block_size)[None]
         h = self.backbone(ids, pos, ctx_kv, None)[0]
         base = self.lm_head(h)  # [B, V]
+        vmask = getattr(self, "vocab_mask", None)
         prev = anchor
         toks, qs, confs = [], [], []
         for k in range(c.block_size):
             bias, e = self.markov_head(torch.tensor([prev]))
             z = base[k] + bias[0]
+            if vmask is not None:  # reduced draft vocabulary: tokens outside it cannot be drafted
+                z = z.masked_fill(~vmask, float("-inf"))
             confs.append(torch.sigmoid(self.confidence_head(h[k:k + 1], e)).item())
             if temperature <= 0:
                 t = int(torch.argmax(z))
@@ -255,3 +257,56 @@ class DSparkDraft(nn.Module):
 
 def count_params(m: nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in m.parameters() if p.requires_grad or not trainable_only)
+
+
+def load_hf_draft(path: str) -> DSparkDraft:
+    """Load an exported draft (DeepSpec dense or speculators format) back into DSparkDraft.
+    A reduced vocabulary (speculators d2t) becomes full-size lm_head/markov_w2 with the draft rows
+    scattered to their target ids and `vocab_mask` marking them."""
+    import json
+    import os
+
+    from safetensors.torch import load_file
+
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    sd = load_file(os.path.join(path, "model.safetensors"))
+    if "speculators_model_type" in cfg:
+        lc = cfg["transformer_layer_config"]
+        ids = [i - 1 for i in cfg["aux_hidden_state_layer_ids"]]
+        assert cfg.get("sample_from_anchor") is True
+        n_target = None
+    else:
+        lc = cfg
+        ids = cfg["target_layer_ids"]
+        n_target = cfg["num_target_layers"]
+    c = DraftConfig(
+        vocab_size=lc["vocab_size"], hidden_size=lc["hidden_size"], intermediate_size=lc["intermediate_size"],
+        num_hidden_layers=lc["num_hidden_layers"], num_attention_heads=lc["num_attention_heads"],
+        num_key_value_heads=lc["num_key_value_heads"], head_dim=lc["head_dim"],
+        rms_norm_eps=lc["rms_norm_eps"],
+        rope_theta=float(lc["rope_parameters"]["rope_theta"]), target_layer_ids=ids,
+        num_target_layers=n_target or 0, block_size=cfg["block_size"], mask_token_id=cfg["mask_token_id"],
+        markov_rank=cfg["markov_rank"],
+    )
+    d = DSparkDraft(c)
+    vmask = None
+    if "d2t" in sd:
+        Vd = sd["d2t"].shape[0]
+        tid = torch.arange(Vd, dtype=torch.long) + sd.pop("d2t").long()
+        t2d = sd.pop("t2d", None)
+        V = c.vocab_size
+        if t2d is not None:
+            assert int(t2d.sum()) == Vd and bool(t2d[tid].all())
+        head = torch.zeros(V, c.hidden_size)
+        head[tid] = sd["lm_head.weight"]
+        w2 = torch.zeros(V, c.markov_rank)
+        w2[tid] = sd["markov_head.markov_w2.weight"]
+        sd["lm_head.weight"], sd["markov_head.markov_w2.weight"] = head, w2
+        vmask = torch.zeros(V, dtype=torch.bool)
+        vmask[tid] = True
+    d.load_state_dict(sd, strict=True)
+    if vmask is not None:
+        d.vocab_mask = vmask
+    d.eval()
+    return d

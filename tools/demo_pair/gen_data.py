@@ -12,8 +12,14 @@ groups with g % 10 in {0..4} greedily, {5..8} at temperature 0.7, {9} at tempera
 (torch.Generator seeded with seed + g). Tokens after the first generated <|endoftext|> or
 <|im_end|> get loss_mask 0.
 
-Output: OUT/data/draft_data.npz with tokens [N, S] (S = longest prompt + GEN_LEN, right-padded
-with <|endoftext|>), prompt_len [N], loss_mask [N, S] (1 on generated tokens).
+While generating (targetio.FastTarget, a minimal Qwen3 forward checked against HF), we record for
+every position the target's hidden states at the DeepSpec target layer ids (the draft's input
+features) and the target's final-norm output (from which the teacher distribution is recomputed
+with the target head), so draft training never runs the target again.
+
+Output (OUT/data/): draft_data.npz with tokens [N, S] (S = longest prompt + GEN_LEN, right-padded
+with <|endoftext|>), prompt_len [N], loss_mask [N, S] (1 on generated tokens), target_layer_ids;
+draft_feats.npy [N, S, n*d] fp16; draft_final_hidden.npy [N, S, d] fp16.
 """
 
 from __future__ import annotations
@@ -27,19 +33,23 @@ from tokenizers import Tokenizer
 
 import corpus
 from common import Timer, log, setup_torch, write_json
-from targetio import load_target
+from draft import deepspec_layer_ids
+from targetio import FastTarget, load_target
 
 PROMPT_LENS = [8, 24, 48, 96, 128]
 TEMPS = [0.0] * 5 + [0.7] * 4 + [1.0]
 
 
 @torch.no_grad()
-def generate(model, prompts: torch.Tensor, gen_len: int, temperature: float, gen: torch.Generator):
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    out = model(input_ids=prompts, past_key_values=cache, use_cache=True)
-    logits = out.logits[:, -1]
+def generate(ft: FastTarget, prompts: torch.Tensor, gen_len: int, temperature: float, gen: torch.Generator):
+    """Continue `prompts` [G, lp] by gen_len tokens. Returns (continuation [G, gen_len],
+    features [G, lp+gen_len, n*d] fp16, final hidden [G, lp+gen_len, d] fp16). The features/hidden of
+    the last generated token are never computed (they are never needed) and are left zero."""
+    G, lp = prompts.shape
+    cache = ft.new_cache(G) if lp + gen_len <= ft.max_len else None
+    logits, f, h = ft.forward(prompts, cache)
+    feats, hids = [f.half()], [h.half()]
+    logits = logits[:, -1]
     toks = []
     for i in range(gen_len):
         if temperature <= 0:
@@ -50,19 +60,24 @@ def generate(model, prompts: torch.Tensor, gen_len: int, temperature: float, gen
         toks.append(nxt)
         if i + 1 == gen_len:
             break
-        out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True)
-        logits = out.logits[:, -1]
-    return torch.stack(toks, dim=1)
+        logits, f, h = ft.forward(nxt[:, None], cache)
+        feats.append(f.half())
+        hids.append(h.half())
+        logits = logits[:, -1]
+    f = torch.cat(feats + [torch.zeros_like(feats[0][:, :1])], dim=1)
+    h = torch.cat(hids + [torch.zeros_like(hids[0][:, :1])], dim=1)
+    return torch.stack(toks, dim=1), f, h
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/demo_pair_out")
-    ap.add_argument("--groups", type=int, default=40)
-    ap.add_argument("--group-size", type=int, default=48)
+    ap.add_argument("--groups", type=int, default=24)
+    ap.add_argument("--group-size", type=int, default=80)
     ap.add_argument("--gen-len", type=int, default=160)
     ap.add_argument("--seed", type=int, default=4321)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--n-layer-ids", type=int, default=3, help="number of target layer ids (= draft layers)")
     args = ap.parse_args(argv)
     setup_torch(args.threads, args.seed)
     timer = Timer()
@@ -78,9 +93,12 @@ def main(argv=None):
         if len(e.ids) <= max(PROMPT_LENS):
             chat_by_len.setdefault(len(e.ids), []).append(e.ids)
     model = load_target(tdir)
+    layer_ids = deepspec_layer_ids(model.config.num_hidden_layers, args.n_layer_ids)
+    ft = FastTarget(model, layer_ids, max_len=max(PROMPT_LENS) + args.gen_len)
+    ft.selftest(model)
 
     S = max(PROMPT_LENS) + args.gen_len
-    all_tok, all_plen, all_mask = [], [], []
+    all_tok, all_plen, all_mask, all_feat, all_hid = [], [], [], [], []
     for g in range(args.groups):
         rng = np.random.default_rng(args.seed + g)
         temp = TEMPS[g % len(TEMPS)]
@@ -101,7 +119,8 @@ def main(argv=None):
                 rows.append(w.astype(np.int64))
             prompts = np.stack(rows)
         gen = torch.Generator().manual_seed(args.seed + g)
-        cont = generate(model, torch.from_numpy(prompts), args.gen_len, temp, gen).numpy()
+        cont, f, h = generate(ft, torch.from_numpy(prompts), args.gen_len, temp, gen)
+        cont = cont.numpy()
         seq = np.concatenate([prompts, cont], axis=1)
         mask = np.zeros_like(seq, dtype=np.uint8)
         for r in range(len(seq)):
@@ -114,12 +133,17 @@ def main(argv=None):
         all_tok.append(np.pad(seq, ((0, 0), (0, pad)), constant_values=eos))
         all_mask.append(np.pad(mask, ((0, 0), (0, pad))))
         all_plen.append(np.full(len(seq), lp, dtype=np.int32))
+        all_feat.append(np.pad(f.numpy(), ((0, 0), (0, pad), (0, 0))))
+        all_hid.append(np.pad(h.numpy(), ((0, 0), (0, pad), (0, 0))))
         log(f"gen group {g}/{args.groups} prompt_len {lp} T={temp} ({timer():.0f}s)")
     tokens = np.concatenate(all_tok).astype(np.int32)
     loss_mask = np.concatenate(all_mask)
     plen = np.concatenate(all_plen)
-    np.savez_compressed(os.path.join(args.out, "data", "draft_data.npz"), tokens=tokens, loss_mask=loss_mask,
-                        prompt_len=plen)
+    ddir = os.path.join(args.out, "data")
+    np.savez(os.path.join(ddir, "draft_data.npz"), tokens=tokens, loss_mask=loss_mask, prompt_len=plen,
+             target_layer_ids=np.asarray(layer_ids, dtype=np.int32))
+    np.save(os.path.join(ddir, "draft_feats.npy"), np.concatenate(all_feat))
+    np.save(os.path.join(ddir, "draft_final_hidden.npy"), np.concatenate(all_hid))
     write_json(os.path.join(args.out, "gen_data.json"), {
         "sequences": int(len(tokens)), "generated_tokens": int(loss_mask.sum()), "seq_len": S,
         "groups": args.groups, "group_size": args.group_size, "gen_len": args.gen_len,

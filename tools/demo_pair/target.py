@@ -1,7 +1,8 @@
 """Train the demo target: a small Qwen3ForCausalLM on the TRAIN split of the stdlib corpus.
 
 Data: the token stream written by train_tokenizer.py (TRAIN documents and every second chat
-sample, each followed by <|endoftext|>, in a seeded shuffled order). Each step draws BATCH windows of SEQ+1 tokens at uniformly random offsets
+sample, each followed by <|endoftext|>, in a seeded shuffled order). Each step draws BATCH windows
+of SEQ+1 tokens at uniformly random offsets
 (numpy Generator seeded with the seed). Loss = next-token cross-entropy on all positions.
 """
 
@@ -58,10 +59,12 @@ def eval_loss(model, stream: np.ndarray, seq: int, max_windows: int = 64) -> flo
     n = min(max_windows, (len(stream) - 1) // seq)
     tot, cnt = 0.0, 0
     for i in range(0, n, 8):
-        xs = [torch.from_numpy(stream[j * seq:(j + 1) * seq + 1].astype(np.int64)) for j in range(i, min(n, i + 8))]
+        xs = [torch.from_numpy(stream[j * seq:(j + 1) * seq + 1].astype(np.int64))
+              for j in range(i, min(n, i + 8))]
         x = torch.stack(xs)
         logits = model(input_ids=x[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1),
+                                                 reduction="sum")
         tot += loss.item()
         cnt += x[:, 1:].numel()
     model.train()
@@ -78,7 +81,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
 
     from transformers import Qwen3ForCausalLM
@@ -123,7 +126,8 @@ def main(argv=None):
         opt.step()
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         if step % 25 == 0 or step == args.steps - 1:
-            log(f"target step {step}/{args.steps} lr {lr:.2e} loss {loss.item():.3f} ema {ema:.3f} ({timer():.0f}s)")
+            log(f"target step {step}/{args.steps} lr {lr:.2e} loss {loss.item():.3f} ema {ema:.3f} "
+                f"({timer():.0f}s)")
             hist.append((step, round(ema, 4)))
     hl = eval_loss(model, held, args.seq)
     tl = eval_loss(model, stream, args.seq)
