@@ -11,7 +11,7 @@
 # DSPARK_PORTABLE=ON (distribution wheels) builds the source tree with GGML_NATIVE=OFF,
 # GGML_BACKEND_DL=ON and GGML_CPU_ALL_VARIANTS=ON, so the CPU kernels are chosen at run time.
 #
-# Results: the targets ggml / ggml-base are available, DSPARK_GGML_LIBS lists the shared
+# Results: DSPARK_GGML_TARGETS names the ggml targets to link, DSPARK_GGML_LIBS lists the shared
 # libraries to install next to libdspark, and DSPARK_GGML_RPATH lists extra run-time search paths.
 
 set(DSPARK_GGML "native" CACHE STRING "Where ggml comes from: native | local | prebuilt")
@@ -38,6 +38,7 @@ if (DSPARK_GGML STREQUAL "prebuilt")
         set(DSPARK_GGML_RPATH "$ORIGIN/../../libggml/lib64;$ORIGIN/../../libggml/lib")
     endif()
     set(DSPARK_GGML_LIBS "")
+    set(DSPARK_GGML_TARGETS ggml::ggml ggml::ggml-base)
     return()
 endif()
 
@@ -81,6 +82,7 @@ add_subdirectory(${DSPARK_GGML_SOURCE_DIR} ggml EXCLUDE_FROM_ALL)
 message(STATUS "dspark: building ggml from ${DSPARK_GGML_SOURCE_DIR}")
 
 # Everything ggml builds as a shared library travels with the package.
+set(DSPARK_GGML_TARGETS ggml ggml-base)
 set(DSPARK_GGML_LIBS ggml ggml-base)
 get_property(_backends GLOBAL PROPERTY GGML_BACKENDS_ALL)  # not set by every ggml version
 foreach (_t ggml-cpu ggml-cuda ggml-vulkan ggml-metal ggml-blas ggml-hip ggml-sycl ggml-opencl ggml-rpc)
