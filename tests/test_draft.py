@@ -210,3 +210,35 @@ def test_bad_inject_and_propose_calls(tmp_path, target):
         dctx.propose([1], [62], [1])
     assert dctx.kv.n_used == used
     assert dctx.propose([1], [len(feats)]).tokens.shape == (1, 4)
+
+
+def test_anchor_first_dflash_drafts_predict_from_every_slot(tmp_path, target):
+    """DeepSpec's DFlash checkpoints are anchor-first too; the converter writes the layout for every
+    draft, and the runtime honours it (absent, a DFlash draft is 1+N as in llama.cpp)."""
+    from tests.gguf_edit import rewrite_gguf
+
+    tpath, tw, tcfg = target
+    dcfg = DraftConfig(kind="dflash", block_size=5)
+    dw = write_draft(tmp_path / "src.gguf", dcfg, tcfg, seed=7)
+    rewrite_gguf(tmp_path / "src.gguf", tmp_path / "af.gguf", set_keys={"dflash.sample_from_anchor": True})
+    t = Model(tpath)
+    d = DraftModel(tmp_path / "af.gguf", t)
+    assert d.info.max_draft == 5 and d.info.sample_from_anchor
+    assert DraftModel(tmp_path / "src.gguf", t).info.max_draft == 4
+    assert DraftModel(tmp_path / "src.gguf", t, sample_from_anchor=True).info.max_draft == 5  # override
+    feats = _features(t, d.info.target_layers, PROMPTS[:1])[0]
+    dctx = DraftContext(d, n_ctx=128, type_kv="f32")
+    dctx.inject(feats, np.arange(len(feats)))
+    ref = DraftRef(dw, dcfg, tw, tcfg)
+    ref.inject(feats, np.arange(len(feats)))
+    r = ref.propose(9, len(feats), 5)
+    assert dctx.propose([9], [len(feats)]).tokens[0].tolist() == r["tokens"].tolist()
+
+
+def test_layer_offset_override(tmp_path, target):
+    tpath, tw, tcfg = target
+    write_draft(tmp_path / "d.gguf", DraftConfig(target_layers=[1, 2]), tcfg, seed=7)
+    t = Model(tpath)
+    assert DraftModel(tmp_path / "d.gguf", t, layer_offset=1).info.target_layers == (2, 3)
+    with pytest.raises(InvalidArgumentError, match="reads target layer 5"):
+        DraftModel(tmp_path / "d.gguf", t, layer_offset=3)

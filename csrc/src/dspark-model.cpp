@@ -61,7 +61,8 @@ dspark_model * dspark_model_load_draft(const std::string & path, const dspark_mo
     }
     m->borrowed = target;
     m->draft.reset(new dflash_model());
-    m->draft->load(*m->weights, target ? target->target.get() : nullptr, target ? target->path() : "");
+    m->draft->load(*m->weights, target ? target->target.get() : nullptr, target ? target->path() : "",
+                   params.draft_sample_from_anchor, params.draft_layer_offset);
     m->weights->warn_unused();
     ggml_backend_dev_t dev = target ? target->device() : dspark_device_pick(params.device);
     m->weights->load(dev, params.use_mmap);

@@ -382,8 +382,10 @@ uint64_t dspark_gguf_tensor_nbytes(const struct dspark_gguf * g, int64_t i) {
 
 struct dspark_model_params dspark_model_default_params(void) {
     dspark_model_params p;
-    p.device   = -1;
-    p.use_mmap = true;
+    p.device                   = -1;
+    p.draft_sample_from_anchor = -1;
+    p.draft_layer_offset       = 0;
+    p.use_mmap                 = true;
     return p;
 }
 

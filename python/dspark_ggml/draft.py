@@ -46,6 +46,9 @@ class DraftModel(Model):
         target: the target :class:`Model` it drafts for (it borrows the target's embeddings and lm
             head when it has none). May be None only for a draft with its own embeddings and head.
         device, use_mmap: as for :class:`Model`; with a target, the target's device is used.
+        sample_from_anchor: override the file's block layout (None: as the file says).
+        layer_offset: added to every target layer id the file names (default 0). The two overrides
+            exist to test a conversion (``dspark-ggml check``).
 
     Raises:
         InvalidArgumentError: the draft does not fit the target (hidden size, layer ids, vocabulary).
@@ -53,12 +56,14 @@ class DraftModel(Model):
     """
 
     def __init__(self, path: str | os.PathLike[str], target: Model | None = None, *, device: int = -1,
-                 use_mmap: bool = True) -> None:
+                 use_mmap: bool = True, sample_from_anchor: bool | None = None, layer_offset: int = 0) -> None:
         self.path = os.fspath(path)
         self.target = target
         lib, ffi = _lib.lib(), _lib.ffi()
         params = ffi.new("struct dspark_model_params *", lib.dspark_model_default_params())
         params.device, params.use_mmap = device, use_mmap
+        params.draft_sample_from_anchor = -1 if sample_from_anchor is None else int(sample_from_anchor)
+        params.draft_layer_offset = layer_offset
         tgt = target.handle if target is not None else ffi.NULL
         self._handle = _lib.check_ptr(lib.dspark_draft_load_from_file(self.path.encode(), tgt, params))
         from .gguf_file import GGUFFile

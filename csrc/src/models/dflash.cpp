@@ -54,7 +54,6 @@ static void load_hparams(dflash_hparams & hp, const dspark_gguf & f) {
     if (hp.mask_token_id < 0) {
         f.fail(DSPARK_STATUS_BAD_FORMAT, "missing 'tokenizer.ggml.mask_token_id': the draft needs a MASK token to fill its blocks");
     }
-    hp.sample_from_anchor = f.get_bool(a + ".sample_from_anchor", true);
     hp.causal             = f.get_bool(a + ".attention.causal", false);
     hp.attn_scale         = (float) f.get_float(a + ".attention.scale", 0.0);
     hp.value_scale        = (float) f.get_float(a + ".attention.value_scale", 0.0);
@@ -200,9 +199,13 @@ static void load_heads(dflash_model & m, dspark_weights & w) {
     }
 }
 
-void dflash_model::load(dspark_weights & w, const target_model * target, const std::string & target_path) {
+void dflash_model::load(dspark_weights & w, const target_model * target, const std::string & target_path,
+                        int sample_from_anchor, int layer_offset) {
     const dspark_gguf & f = *w.file;
     load_hparams(hp, f);
+    for (int32_t & id : hp.target_layers) {
+        id += layer_offset;
+    }
     const int n_target_layers = target ? target->hp.n_layer : 0;
     if (target) {
         if (target->hp.n_embd != hp.n_embd) {
@@ -229,4 +232,8 @@ void dflash_model::load(dspark_weights & w, const target_model * target, const s
     rope_freqs  = w.opt("rope_freqs.weight", {hp.rope.n_rot / 2});
     load_layers(*this, w);
     load_heads(*this, w);
+    hp.sample_from_anchor = f.get_bool("dflash.sample_from_anchor", hp.markov != markov_head::none);
+    if (sample_from_anchor >= 0) {
+        hp.sample_from_anchor = sample_from_anchor != 0;
+    }
 }

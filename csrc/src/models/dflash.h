@@ -30,7 +30,8 @@ struct dflash_hparams {
     int   block_size = 16;
     std::vector<int32_t> target_layers;
     int   mask_token_id = -1;
-    bool  sample_from_anchor = true;  // DSpark layout: anchor-first (true) or 1+N (false)
+    bool  sample_from_anchor = true;  // anchor-first (every slot predicts) or 1+N (slot 0 is the anchor);
+                                      // absent key: anchor-first for DSpark, 1+N for DFlash (llama.cpp)
     bool  causal = false;             // block-internal attention
     markov_head markov = markov_head::none;
     int   markov_rank = 0;
@@ -43,7 +44,7 @@ struct dflash_hparams {
     std::vector<bool> swa_layers;
 
     // first block slot that predicts a token, and the most tokens one block can propose
-    int first_pred_slot() const { return markov != markov_head::none && sample_from_anchor ? 0 : 1; }
+    int first_pred_slot() const { return sample_from_anchor ? 0 : 1; }
     int max_draft() const { return block_size - first_pred_slot(); }
     bool is_swa(int il) const { return n_swa > 0 && il < (int) swa_layers.size() && swa_layers[il]; }
 };
@@ -77,7 +78,9 @@ struct dflash_model {
 
     // Read hyperparameters and look up every tensor, borrowing embeddings / head from the target
     // when the draft has none; checks that the pair fits together. No data is loaded.
-    void load(dspark_weights & w, const target_model * target, const std::string & target_path);
+    // sample_from_anchor: -1 = as the file says; layer_offset is added to every target layer id.
+    void load(dspark_weights & w, const target_model * target, const std::string & target_path,
+              int sample_from_anchor = -1, int layer_offset = 0);
 };
 
 std::string dspark_markov_head_name(markov_head h);

@@ -1,0 +1,90 @@
+"""Target-only vs speculative decoding on the same prompts, measured side by side in one run
+(machines are noisy: the ratios are what to read). Used by `dspark-ggml bench` and bench/bench_spec.py."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from .context import Context
+from .draft import DraftContext, DraftModel
+from .engine import Engine, SpecStats
+from .model import Model
+from .sampling import SamplingParams
+
+
+@dataclass
+class BenchRow:
+    temperature: float
+    draft_mode: str
+    target_tok_s: float
+    spec_tok_s: float
+    stats: SpecStats
+    t_target_step_ms: float  # one target-only decode step
+
+    @property
+    def speedup(self) -> float:
+        return self.spec_tok_s / self.target_tok_s
+
+    @property
+    def ideal_speedup(self) -> float:
+        """What tau and the measured pass costs allow: tau * t_target_step / (t_draft + t_verify)."""
+        st = self.stats
+        per_step = (st.t_draft_ms + st.t_verify_ms) / max(st.n_steps, 1)
+        return st.mean_accepted_length * self.t_target_step_ms / per_step if per_step else 0.0
+
+
+def load_prompts(path: str | os.PathLike[str], n: int) -> list[str]:
+    """The first turn of the first n lines of a JSONL prompt file ({"turns": [...]} per line)."""
+    out: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            out.append(json.loads(line)["turns"][0])
+            if len(out) == n:
+                break
+    return out
+
+
+def _run(engine: Engine, prompts: Sequence[Sequence[int]], sp: SamplingParams) -> tuple[int, float]:
+    n, t0 = 0, time.perf_counter()
+    for i, p in enumerate(prompts):
+        sp.seed = i
+        n += len(engine.generate(p, sp))
+        engine.remove(0)
+    return n, time.perf_counter() - t0
+
+
+def compare(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str], prompts: Sequence[Sequence[int]], *,
+            temperatures: Sequence[float] = (0.0,), draft_modes: Sequence[str] = ("greedy",), max_tokens: int = 128,
+            n_threads: int | None = None, n_max: int = 0, eog: Sequence[int] = ()) -> list[BenchRow]:
+    """Run every prompt target-only and speculatively, for each temperature and drafting mode."""
+    target = Model(target_path)
+    draft = DraftModel(draft_path, target)
+    n_ctx = max(len(p) for p in prompts) + max_tokens + 32
+
+    def engine(with_draft: bool, mode: str = "greedy") -> Engine:
+        ctx = Context(target, n_ctx=n_ctx, n_threads=n_threads)
+        dctx = DraftContext(draft, n_ctx=n_ctx, n_threads=n_threads) if with_draft else None
+        return Engine(ctx, dctx, n_max=n_max, draft_mode=mode, eog=eog)
+
+    rows = []
+    for temp in temperatures:
+        base = engine(False)
+        n0, t0 = _run(base, prompts, SamplingParams(temperature=temp, max_tokens=max_tokens))
+        sb = base.stats()
+        for mode in draft_modes:
+            if temp == 0.0 and mode != draft_modes[0]:
+                continue  # at temperature 0 every mode drafts the argmax chain
+            eng = engine(True, mode)
+            n1, t1 = _run(eng, prompts, SamplingParams(temperature=temp, max_tokens=max_tokens))
+            rows.append(BenchRow(temp, mode, n0 / t0, n1 / t1, eng.stats(), sb.t_verify_ms / max(sb.n_steps, 1)))
+    return rows
+
+
+def default_prompt_file() -> Path | None:
+    """The shared HumanEval prompts when running from a checkout next to them."""
+    p = Path(__file__).resolve().parents[3] / "shared" / "data" / "prompts" / "humaneval.jsonl"
+    return p if p.exists() else None
