@@ -185,6 +185,8 @@ struct dspark_model_params {
     int32_t draft_sample_from_anchor; /* drafts: -1 = as the file says; 0 / 1 = force the 1+N / anchor-first layout */
     int32_t draft_layer_offset;       /* drafts: added to every target layer id (to test conversions); default 0 */
     bool    use_mmap;                 /* map the file and compute from it without a copy (CPU); default true */
+    bool    cpu_repack;               /* CPU: copy weights the backend can repack for faster matmuls (Q4_0, Q4_K,
+                                         IQ4_NL on AVX2) into that layout, as llama.cpp does; default true */
 };
 
 DSPARK_API struct dspark_model_params dspark_model_default_params(void);

@@ -21,7 +21,7 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
     m->target.reset(new target_model());
     m->target->load(*m->weights);
     m->weights->warn_unused();
-    m->weights->load(dspark_device_pick(params.device), params.use_mmap);
+    m->weights->load(dspark_device_pick(params.device), params.use_mmap, params.cpu_repack, {"token_embd.weight"});
     return m.release();
 }
 
@@ -65,7 +65,7 @@ dspark_model * dspark_model_load_draft(const std::string & path, const dspark_mo
                    params.draft_sample_from_anchor, params.draft_layer_offset);
     m->weights->warn_unused();
     ggml_backend_dev_t dev = target ? target->device() : dspark_device_pick(params.device);
-    m->weights->load(dev, params.use_mmap);
+    m->weights->load(dev, params.use_mmap, params.cpu_repack, {"token_embd.weight", "markov_w1.weight"});
     if (m->draft->d2t) {
         m->d2t = read_d2t(*m);
     }

@@ -3,6 +3,9 @@
 #include "dspark-backend.h"
 #include "dspark-impl.h"
 
+#include "ggml-alloc.h"
+
+#include <algorithm>
 #include <cstring>
 
 static std::string shape_str(const int64_t * ne, int n) {
@@ -59,7 +62,62 @@ void dspark_weights::warn_unused() const {
     }
 }
 
-void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap) {
+// The CPU backend's extra buffer type that repacks weights (null if this build has none).
+static ggml_backend_buffer_type_t cpu_repack_buft(ggml_backend_dev_t dev) {
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    auto get = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts");
+    if (!get) {
+        return nullptr;
+    }
+    for (ggml_backend_buffer_type_t * b = get(dev); b && *b; ++b) {
+        if (strstr(ggml_backend_buft_name(*b), "REPACK")) {
+            return *b;
+        }
+    }
+    return nullptr;
+}
+
+// Would a matmul with weight w run from the repack buffer type? (asks the backend, as llama.cpp does)
+static bool repack_supports(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * w) {
+    ggml_init_params ip = { /*.mem_size =*/ 2 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 8);
+    ggml_tensor * op = ggml_mul_mat(ctx, w, x);
+    ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(buft, 0);
+    ggml_backend_buffer_t saved = w->buffer;
+    w->buffer = dummy;
+    const bool ok = ggml_backend_dev_supports_op(dev, op);
+    w->buffer = saved;
+    ggml_backend_buffer_free(dummy);
+    ggml_free(ctx);
+    return ok;
+}
+
+// Copy the chosen tensors into one repack buffer (the backend converts them on upload).
+void dspark_weights::load_repacked(ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & tensors) {
+    size_t size = 0;
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    for (ggml_tensor * t : tensors) {
+        size += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+    }
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, size);
+    if (!buf) {
+        file->fail(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory to repack the weights");
+    }
+    buffers.push_back(buf);
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_tallocr talloc = ggml_tallocr_new(buf);
+    for (ggml_tensor * t : tensors) {
+        if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
+            file->fail(DSPARK_STATUS_INTERNAL, std::string("could not place tensor '") + ggml_get_name(t) + "' for repacking");
+        }
+        const int64_t i = gguf_find_tensor(file->gguf, ggml_get_name(t));
+        ggml_backend_tensor_set(t, (const char *) map->addr + file->tensor_file_offset(i), 0, ggml_nbytes(t));
+    }
+    n_repacked = tensors.size();
+}
+
+void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack, const std::set<std::string> & gathered) {
     dev = device;
     n_bytes = 0;
     n_params = 0;
@@ -72,6 +130,21 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap) {
         return;
     }
     map.reset(new dspark_mmap(file->path));
+
+    std::vector<ggml_tensor *> repacked;
+    ggml_backend_buffer_type_t repack_buft = repack && dspark_device_is_cpu(dev) ? cpu_repack_buft(dev) : nullptr;
+    if (repack_buft) {
+        for (int64_t i = 0; i < file->n_tensors(); ++i) {
+            ggml_tensor * t = file->tensor(i);
+            if (ggml_n_dims(t) == 2 && !gathered.count(ggml_get_name(t)) && repack_supports(dev, repack_buft, t)) {
+                repacked.push_back(t);
+            }
+        }
+        if (!repacked.empty()) {
+            load_repacked(repack_buft, repacked);
+        }
+    }
+    auto is_repacked = [&](ggml_tensor * t) { return std::find(repacked.begin(), repacked.end(), t) != repacked.end(); };
 
     ggml_backend_dev_props props;
     ggml_backend_dev_get_props(dev, &props);
@@ -92,6 +165,9 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap) {
         ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         for (int64_t i = 0; i < file->n_tensors(); ++i) {
             ggml_tensor * t = file->tensor(i);
+            if (is_repacked(t)) {
+                continue;
+            }
             const uint64_t off = file->tensor_file_offset(i) - file->data_offset();
             if (ggml_backend_tensor_alloc(buf, t, base + off) != GGML_STATUS_SUCCESS) {
                 file->fail(DSPARK_STATUS_INTERNAL, std::string("could not place tensor '") + ggml_get_name(t) + "'");
@@ -101,18 +177,31 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap) {
     }
 
     // Copy into a device buffer.
+    size_t size = 0;
     ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(file->meta, buft);
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    for (int64_t i = 0; i < file->n_tensors(); ++i) {
+        if (!is_repacked(file->tensor(i))) {
+            size += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, file->tensor(i)), align);
+        }
+    }
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(size, 1));
     if (!buf) {
-        file->fail(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory for the weights (" +
-                                                    std::to_string(n_bytes >> 20) + " MiB) on device " +
-                                                    ggml_backend_dev_name(dev));
+        file->fail(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory for the weights (" + std::to_string(n_bytes >> 20) +
+                                                    " MiB) on device " + ggml_backend_dev_name(dev));
     }
     buffers.push_back(buf);
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_tallocr talloc = ggml_tallocr_new(buf);
     for (int64_t i = 0; i < file->n_tensors(); ++i) {
         ggml_tensor * t = file->tensor(i);
+        if (is_repacked(t)) {
+            continue;
+        }
+        if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
+            file->fail(DSPARK_STATUS_INTERNAL, std::string("could not place tensor '") + ggml_get_name(t) + "'");
+        }
         ggml_backend_tensor_set(t, (const char *) map->addr + file->tensor_file_offset(i), 0, ggml_nbytes(t));
     }
-    map.reset();  // the data now lives on the device
+    map.reset();  // the data now lives in the buffers
 }

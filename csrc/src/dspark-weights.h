@@ -35,9 +35,14 @@ struct dspark_weights {
     // Warn about tensors the architecture never asked for (a sign of a mismatched file).
     void warn_unused() const;
 
-    // Place every tensor of the file on the device (call after all lookups succeeded).
-    void load(ggml_backend_dev_t dev, bool use_mmap);
+    // Place every tensor of the file on the device (call after all lookups succeeded). On the CPU
+    // with `repack`, matmul weights the CPU backend can repack into a faster layout (Q4_0, Q4_K,
+    // IQ4_NL on AVX2, ...) are copied into its repack buffer, as llama.cpp does; `gathered` names
+    // tensors read by row lookups (embeddings), which must keep the plain layout.
+    void load(ggml_backend_dev_t dev, bool use_mmap, bool repack, const std::set<std::string> & gathered);
+    size_t n_repacked = 0;
 
   private:
     std::set<std::string> used;
+    void load_repacked(ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & tensors);
 };

@@ -386,6 +386,7 @@ struct dspark_model_params dspark_model_default_params(void) {
     p.draft_sample_from_anchor = -1;
     p.draft_layer_offset       = 0;
     p.use_mmap                 = true;
+    p.cpu_repack               = true;
     return p;
 }
 

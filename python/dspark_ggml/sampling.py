@@ -1,8 +1,8 @@
 """Sampling parameters, and sampling rows of logits with the core's sampler chain."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, List, Mapping, Optional, TypedDict, Union
 
 import numpy as np
 
@@ -27,7 +27,8 @@ class SamplingParams:
             the context is full.
         stop_token_ids: extra tokens that end generation (the model's end-of-generation tokens
             always do).
-        stop: text (or token id sequences) that end generation; the text is not included.
+        stop: strings that end generation; the text is cut before the first one (see
+            ``LLM.generate``). Token ids go in stop_token_ids.
     """
 
     temperature: float = 0.0
@@ -60,6 +61,35 @@ class SamplingParams:
         p.temperature, p.top_k, p.top_p, p.min_p = self.temperature, self.top_k, self.top_p, self.min_p
         p.seed = DEFAULT_SEED if self.seed is None else self.seed
         return p
+
+
+class SamplingOptions(TypedDict, total=False):
+    """SamplingParams fields given as keywords (``llm.generate(prompt, max_tokens=64)``)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: Optional[int]
+    max_tokens: Optional[int]
+    stop_token_ids: Optional[List[int]]
+    stop: Union[List[str], str, None]
+
+
+def with_options(params: SamplingParams | None, options: Mapping[str, Any]) -> SamplingParams:
+    """``params`` (default: SamplingParams()) with the fields in ``options`` replaced; validated.
+
+    Raises:
+        TypeError: an option that is not a SamplingParams field.
+        InvalidArgumentError: a bad value.
+    """
+    known = {f.name for f in fields(SamplingParams)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"unknown sampling option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    merged = replace(params or SamplingParams(), **options)
+    merged.validate()
+    return merged
 
 
 def sample_rows(logits: np.ndarray, uniforms: np.ndarray, params: SamplingParams, *, in_graph: bool = False) -> np.ndarray:

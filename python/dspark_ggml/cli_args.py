@@ -1,0 +1,157 @@
+"""Command-line options shared by `generate` and `chat`: model, speculative and sampling flags.
+
+Flag names are llama.cpp's where it has one (-m, -md, --spec-*, --temp, -n, -c, -t), so its users
+feel at home. Defaults are not repeated here: an unset flag leaves the library default
+(SamplingParams, SpeculativeConfig, LLM), which the help text quotes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from .errors import DSparkError, InvalidArgumentError
+from .sampling import SamplingParams
+from .speculative import DRAFT_MODES, SCHEDULES, SpeculativeConfig
+
+if TYPE_CHECKING:
+    from .llm import LLM
+    from .results import GenerationStats
+
+SPEC_TYPES = {"auto": "auto", "none": "none", "draft-dflash": "dflash", "draft-dspark": "dspark"}
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("-m", "--model", metavar="FILE.gguf", help="target model")
+    g.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", metavar="FILE.gguf",
+                   help="DFlash/DSpark draft model (default: none, target only)")
+    g.add_argument("--demo", action="store_true",
+                   help="use the demo pair shipped with the package (a tiny code model and its DSpark draft)")
+    g.add_argument("-c", "--ctx-size", dest="n_ctx", type=int, metavar="N",
+                   help="context size in tokens; 0 = the model's training context (default: 4096)")
+    g.add_argument("-b", "--batch-size", dest="n_batch", type=int, metavar="N",
+                   help="most prompt tokens decoded at once (default: 512)")
+    g.add_argument("-t", "--threads", dest="n_threads", type=int, metavar="N",
+                   help="CPU threads (default: all hardware threads)")
+    g.add_argument("--device", type=int, metavar="INDEX",
+                   help="device index (see `dspark-ggml info`); -1 = first GPU, else CPU (default: -1)")
+    g.add_argument("--type-kv", choices=("f16", "f32", "bf16", "q8_0"), help="KV cache type (default: f16)")
+    g.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"),
+                   help="flash attention (default: auto)")
+    g.add_argument("--no-mmap", action="store_true", help="copy the weights instead of mapping the files")
+
+
+def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
+    d = SpeculativeConfig()
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--spec-type", choices=tuple(SPEC_TYPES),
+                   help="auto: DSpark if the draft has a Markov head, else DFlash; none: target only "
+                        "(default: auto)")
+    g.add_argument("--spec-draft-n-max", dest="n_max", type=int, metavar="N",
+                   help=f"draft tokens per step; 0 = the draft's trained maximum (default: {d.n_max})")
+    g.add_argument("--spec-draft-n-min", dest="n_min", type=int, metavar="N",
+                   help=f"draft nothing when fewer tokens would be verified (default: {d.n_min})")
+    g.add_argument("--spec-draft-p-min", dest="p_min", type=float, metavar="P",
+                   help=f"DSpark: cut the block where the draft's confidence drops below P "
+                        f"(default: {d.p_min})")
+    g.add_argument("--spec-draft-mode", dest="draft_mode", choices=DRAFT_MODES,
+                   help=f"greedy chain or sampled chain with rejection sampling (default: {d.draft_mode})")
+    g.add_argument("--spec-schedule", dest="schedule", choices=SCHEDULES,
+                   help=f"verify a fixed block or DSpark's confidence schedule (default: {d.schedule})")
+    g.add_argument("--backend-sampling", action="store_true", default=None,
+                   help="sample the verify rows inside the target's graph")
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    d = SamplingParams()
+    g = p.add_argument_group("sampling")
+    g.add_argument("--temp", "--temperature", dest="temperature", type=float, metavar="T",
+                   help=f"0 = greedy, reproducible and identical with or without a draft "
+                        f"(default: {d.temperature})")
+    g.add_argument("--top-k", type=int, metavar="K", help=f"0 = off (default: {d.top_k})")
+    g.add_argument("--top-p", type=float, metavar="P", help=f"1.0 = off (default: {d.top_p})")
+    g.add_argument("--min-p", type=float, metavar="P", help=f"0.0 = off (default: {d.min_p})")
+    g.add_argument("-s", "--seed", type=int, metavar="N", help="random seed (default: a fresh one)")
+    g.add_argument("-n", "--max-tokens", "--n-predict", dest="max_tokens", type=int, metavar="N",
+                   help=f"tokens to generate at most; -1 = until the end or a full context "
+                        f"(default: {d.max_tokens})")
+    g.add_argument("--stop", action="append", metavar="TEXT",
+                   help="stop before this text (repeatable)")
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    names = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "stop")
+    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    if given.get("max_tokens", 1) <= 0:
+        given["max_tokens"] = None
+    sampling = SamplingParams(**given)
+    sampling.validate()
+    return sampling
+
+
+def speculative_from_args(args: argparse.Namespace) -> SpeculativeConfig:
+    names = ("n_max", "n_min", "p_min", "draft_mode", "schedule", "backend_sampling")
+    given: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.spec_type is not None:
+        given["method"] = SPEC_TYPES[args.spec_type]
+    return SpeculativeConfig.from_dict(given)
+
+
+def model_paths(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(target, draft) from -m/-md, or the demo pair with --demo."""
+    if args.demo:
+        if args.model or args.model_draft:
+            raise InvalidArgumentError("--demo picks the models itself: drop -m/--model and "
+                                       "-md/--model-draft")
+        return demo_paths()
+    if not args.model:
+        raise InvalidArgumentError("no model: pass -m/--model FILE.gguf (or --demo)")
+    return args.model, args.model_draft
+
+
+def demo_paths() -> tuple[str, str]:
+    """The demo pair's files, or a DSparkError saying they are not installed."""
+    try:
+        from . import demo
+    except ImportError as e:
+        raise DSparkError("the demo pair is not part of this installation of dspark-ggml") from e
+    paths = (demo.TARGET_PATH, demo.DRAFT_PATH)
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise DSparkError(f"the demo pair is not installed ({', '.join(missing)} missing); it is built by "
+                          "tools/demo_pair, or pass your own models with -m/-md")
+    return paths
+
+
+def build_llm(args: argparse.Namespace) -> LLM:
+    """Load the models the arguments name; one line on stderr says what was loaded."""
+    from .llm import LLM
+
+    target, draft = model_paths(args)
+    names = ("n_ctx", "n_batch", "n_threads", "device", "type_kv")
+    options: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.flash_attn is not None:
+        options["flash_attn"] = {"auto": "auto", "on": True, "off": False}[args.flash_attn]
+    t0 = time.perf_counter()
+    llm = LLM(target, draft_model_path=draft, speculative=speculative_from_args(args),
+              use_mmap=not args.no_mmap, **options)
+    draft_text = ""
+    if draft is not None and llm.draft_model is not None:
+        draft_text = f" + {os.path.basename(draft)} ({llm.method}, {llm.n_draft} draft tokens/step)"
+    seconds = time.perf_counter() - t0
+    print(f"loaded {os.path.basename(target)}{draft_text} in {seconds:.2f} s", file=sys.stderr)
+    return llm
+
+
+def format_stats(stats: GenerationStats, finish_reason: str, method: str) -> str:
+    """The one-line summary printed after a generation."""
+    line = (f"{stats.n_generated} tokens ({finish_reason}), {stats.tokens_per_second:.1f} tokens/s; "
+            f"prompt {stats.n_prompt} tokens, {stats.prompt_tokens_per_second:.1f} tokens/s")
+    if method != "none":
+        line += (f"; {method}: acceptance rate {stats.acceptance_rate:.1%} "
+                 f"({stats.n_accepted}/{stats.n_drafted}), "
+                 f"mean accepted length {stats.mean_accepted_length:.2f}")
+    return line

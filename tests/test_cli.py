@@ -1,0 +1,159 @@
+"""The `dspark-ggml` command line: generate (text and --json), chat over a pipe, convert, info,
+--demo, errors, and `python -m dspark_ggml`."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dspark_ggml import LLM
+from dspark_ggml.cli import main
+from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft, write_target
+
+PROMPT = "The quick brown fox"
+THREADS = ["-t", "1"]  # tiny models: more threads only add overhead
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    tcfg = TargetConfig()
+    write_target(d / "t.gguf", tcfg, seed=0)
+    write_draft(d / "d.gguf", DraftConfig(), tcfg, seed=1)
+    write_target(d / "bare.gguf", TargetConfig(with_tokenizer=False), seed=0)
+    return {"target": str(d / "t.gguf"), "draft": str(d / "d.gguf"), "bare": str(d / "bare.gguf")}
+
+
+@pytest.fixture(scope="module")
+def llm(models):
+    with LLM(models["target"], draft_model_path=models["draft"], n_threads=1) as llm:
+        yield llm
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_generate_json_with_prompt_tokens(models, llm, capsys):
+    ids = llm.tokenize(PROMPT)
+    rc, out, err = _run(capsys, "generate", "-m", models["target"], "-md", models["draft"], *THREADS,
+                        "--prompt-tokens", ",".join(map(str, ids)), "-n", "12", "--json")
+    assert rc == 0
+    d = json.loads(out)  # stdout holds the JSON object and nothing else
+    expected = llm.generate(ids, max_tokens=12)
+    assert d["tokens"] == expected.tokens and d["text"] == expected.text
+    assert d["prompt_tokens"] == ids and d["finish_reason"] == "length"
+    assert (d["method"], d["n_draft"]) == ("dspark", 4)
+    stats = d["stats"]
+    for key in ("n_drafted", "n_accepted", "acceptance_rate", "mean_accepted_length", "tokens_per_second",
+                "t_draft_ms", "t_verify_ms", "t_prefill_ms", "acceptance_by_position"):
+        assert key in stats, key
+    assert stats["n_generated"] == 12 and stats["n_drafted"] > 0
+
+
+def test_generate_streams_text_and_prints_stats(models, llm, capsys):
+    rc, out, err = _run(capsys, "generate", "-m", models["target"], "--spec-draft-model", models["draft"],
+                        *THREADS, "-n", "16", PROMPT)
+    assert rc == 0
+    assert out == llm.generate(PROMPT, max_tokens=16).text + "\n"
+    assert "tokens/s" in err and "acceptance rate" in err and "mean accepted length" in err
+
+
+def test_generate_options_reach_the_library(models, llm, capsys):
+    full = llm.generate(PROMPT, max_tokens=20)
+    stop = full.text[6:9]
+    rc, out, _ = _run(capsys, "generate", "-m", models["target"], "--spec-type", "none", *THREADS, "-n", "20",
+                      "--stop", stop, "--temp", "0", "-p", PROMPT, "--json")
+    d = json.loads(out)
+    assert rc == 0 and d["method"] == "none" and d["draft_model"] is None
+    assert d["text"] == full.text[: full.text.find(stop)] and d["finish_reason"] == "stop"
+    rc, out, _ = _run(capsys, "generate", "-m", models["target"], *THREADS, "-n", "8", "--chat", PROMPT,
+                      "--json")
+    assert json.loads(out)["tokens"] == llm.chat([{"role": "user", "content": PROMPT}], max_tokens=8).tokens
+
+
+def test_generate_errors(models, capsys):
+    rc, _, err = _run(capsys, "generate", "-p", "x")
+    assert rc == 1 and "-m/--model" in err
+    rc, _, err = _run(capsys, "generate", "-m", models["target"], "-p", "x", "--prompt-tokens", "1")
+    assert rc == 1 and "one way only" in err
+    rc, _, err = _run(capsys, "generate", "-m", models["target"], "-md", models["draft"], "--spec-type",
+                      "draft-dflash", *THREADS, "x")
+    assert rc == 1 and "DSpark draft" in err
+
+
+def test_demo_without_its_files(monkeypatch, tmp_path, capsys):
+    import dspark_ggml.demo as demo
+
+    monkeypatch.setattr(demo, "TARGET_PATH", str(tmp_path / "missing.gguf"))
+    rc, _, err = _run(capsys, "generate", "--demo", "def fibonacci(n):")
+    assert rc == 1 and "demo pair is not installed" in err and "missing.gguf" in err
+
+
+def test_demo_runs_when_installed(capsys):
+    import dspark_ggml.demo as demo
+
+    if not (os.path.isfile(demo.TARGET_PATH) and os.path.isfile(demo.DRAFT_PATH)):
+        pytest.skip("the demo pair is not built in this checkout")
+    rc, out, _ = _run(capsys, "generate", "--demo", *THREADS, "-n", "24", "--json", "def fibonacci(n):")
+    d = json.loads(out)
+    assert rc == 0 and d["method"] == "dspark" and 0 < len(d["tokens"]) <= 24
+    with LLM(demo.TARGET_PATH, n_threads=1) as target_only:
+        assert target_only.generate("def fibonacci(n):", max_tokens=24).tokens == d["tokens"]
+
+
+def test_chat_in_process(models, llm, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi there\n\nHow are you?\n/exit\nnot read\n"))
+    rc, out, _ = _run(capsys, "chat", "-m", models["target"], "-md", models["draft"], *THREADS, "-n", "10",
+                      "--system", "Be brief.")
+    assert rc == 0
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    first = llm.chat(history, max_tokens=10).text
+    history += [{"role": "assistant", "content": first}, {"role": "user", "content": "How are you?"}]
+    second = llm.chat(history, max_tokens=10).text
+    assert out == f"{first}\n{second}\n"
+
+
+def test_chat_over_a_pipe(models, llm):
+    command = [sys.executable, "-m", "dspark_ggml", "chat", "-m", models["target"], *THREADS, "-n", "6"]
+    proc = subprocess.run(command, input="Hello\n", capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == llm.chat([{"role": "user", "content": "Hello"}], max_tokens=6).text + "\n"
+
+
+def test_chat_needs_a_tokenizer(models, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi\n"))
+    rc, out, err = _run(capsys, "chat", "-m", models["bare"], *THREADS)
+    assert rc == 1 and out == "" and "no tokenizer" in err
+
+
+def test_help_of_python_m(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dspark_ggml", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0
+    for command in ("generate", "chat", "convert", "info"):
+        assert command in proc.stdout
+
+
+def test_convert_then_info_then_generate(tmp_path, capsys):
+    pytest.importorskip("torch")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.hf_checkpoints import make_qwen3_target
+
+    hf_dir = make_qwen3_target(tmp_path / "hf")
+    out = tmp_path / "q.gguf"
+    rc, _, err = _run(capsys, "convert", str(hf_dir), "-o", str(out), "--outtype", "f32", "-q",
+                      "--no-progress")
+    assert rc == 0 and out.is_file(), err
+    rc, text, _ = _run(capsys, "info", str(out), "--json", "--no-tensors")
+    assert rc == 0 and json.loads(text)["architecture"] == "qwen3"
+    rc, text, _ = _run(capsys, "generate", "-m", str(out), *THREADS, "-n", "4", "--json", "hello")
+    assert rc == 0 and len(json.loads(text)["tokens"]) >= 1
+    rc, _, err = _run(capsys, "convert", str(hf_dir), "-o", str(out), "-q", "--no-progress")
+    assert rc == 1 and "exists" in err  # the converter's own errors come through
