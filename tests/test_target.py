@@ -149,6 +149,17 @@ def test_weight_types_load_and_run(make_target, dtype, tol):
     assert (ctx.get_logits().argmax(1) == ref_logits.argmax(1)).mean() >= 0.8
 
 
+@pytest.mark.parametrize("dtype", ["q4_0", "q4_k"])
+def test_repacked_weights_compute_the_same(make_target, dtype):
+    path, w, cfg = make_target(f"q_{dtype}", dtype=dtype, n_embd=256, n_ff=512, head_dim=64)
+    out = []
+    for repack in (True, False):
+        ctx = Context(Model(path, cpu_repack=repack), n_ctx=64, type_kv="f32", n_threads=1)
+        ctx.decode(PROMPT, outputs=np.ones(len(PROMPT), bool))
+        out.append(ctx.get_logits(copy=True))
+    assert np.abs(out[0] - out[1]).max() <= 1e-2 * np.abs(out[1]).max()
+
+
 def test_flash_and_plain_attention_agree(make_target):
     path, w, cfg = make_target("t_qwen3", arch="qwen3")
     out = []

@@ -16,17 +16,21 @@ class Model:
         device: device index (see :func:`dspark_ggml.devices`); -1 (default) picks the first GPU if
             there is one, else the CPU.
         use_mmap: compute from the memory-mapped file without copying (CPU). Default True.
+        cpu_repack: on the CPU, copy the weights the backend can repack for faster matmuls (Q4_0,
+            Q4_K, IQ4_NL on AVX2) into that layout, as llama.cpp does. Default True.
 
     Raises:
         FileAccessError, FileFormatError, UnsupportedError: naming the file and the problem.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, device: int = -1, use_mmap: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, device: int = -1, use_mmap: bool = True,
+                 cpu_repack: bool = True) -> None:
         self.path = os.fspath(path)
         lib, ffi = _lib.lib(), _lib.ffi()
         params = ffi.new("struct dspark_model_params *", lib.dspark_model_default_params())
         params.device = device
         params.use_mmap = use_mmap
+        params.cpu_repack = cpu_repack
         self._handle: Any = _lib.check_ptr(lib.dspark_model_load_from_file(self.path.encode(), params))
         self.gguf = GGUFFile._borrow(lib.dspark_model_gguf(self._handle), self.path)
 
