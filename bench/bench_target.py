@@ -26,7 +26,7 @@ from dspark_ggml.tiny import TargetConfig, write_target  # noqa: E402
 
 
 def model_path(dtype: str) -> Path:
-    cfg = TargetConfig.qwen3_0_6b_shape(dtype=dtype, with_tokenizer=False)
+    cfg = TargetConfig.qwen3_0_6b_shape(dtype=dtype)  # with a tokenizer: llama.cpp needs one to load
     return cached_model(f"qwen3-0.6b-random-{dtype}.gguf", lambda p: write_target(p, cfg, seed=0, return_weights=False))
 
 

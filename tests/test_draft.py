@@ -242,3 +242,19 @@ def test_layer_offset_override(tmp_path, target):
     assert DraftModel(tmp_path / "d.gguf", t, layer_offset=1).info.target_layers == (2, 3)
     with pytest.raises(InvalidArgumentError, match="reads target layer 5"):
         DraftModel(tmp_path / "d.gguf", t, layer_offset=3)
+
+
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_markov_top_k_equals_exact_when_k_covers_the_vocabulary(tmp_path, target, head):
+    t, d, _ = _draft(tmp_path, target, f"topk-{head}", markov_head_type=head, draft_vocab=100, own_head=True)
+    feats = _features(t, d.info.target_layers, PROMPTS)
+    dctx = DraftContext(d, n_ctx=256, n_seq_max=3, type_kv="f32")
+    for s, f in enumerate(feats):
+        dctx.inject(f, np.arange(len(f)), s)
+    args = ([77, 5, 250], [len(p) for p in PROMPTS])
+    exact = dctx.propose(*args)
+    full = dctx.propose(*args, markov_top_k=100)  # every draft token is a candidate: the same chain
+    assert full.tokens.tolist() == exact.tokens.tolist()
+    assert np.abs(full.confidence - exact.confidence).max() < 1e-5
+    few = dctx.propose(*args, markov_top_k=3)
+    assert few.tokens.shape == exact.tokens.shape

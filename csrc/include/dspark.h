@@ -342,6 +342,8 @@ DSPARK_API int32_t dspark_draft_inject(struct dspark_draft_context * dctx, const
 
 struct dspark_propose_params {
     int32_t  n_draft;      /* tokens to propose per sequence, 1 .. max_draft (same for every block) */
+    int32_t  markov_top_k; /* > 0: add the Markov bias to each slot's top-k base candidates only (argmax
+                              drafting): k rows of the Markov W2 per slot instead of all; 0 = exact */
     float    temperature;  /* > 0 with sample: Gumbel-max sampling of each slot (and of the Markov chain) */
     uint64_t seed;         /* noise seed when sampling */
     bool     sample;       /* false: argmax chain (default) */
@@ -403,6 +405,7 @@ struct dspark_spec_params {
     float   p_min;            /* DSpark: cut the block at the first position with confidence < p_min; 0 = off */
     int32_t draft_mode;       /* enum dspark_draft_mode; default GREEDY_CHAIN */
     int32_t schedule;         /* enum dspark_verify_schedule; default STATIC */
+    int32_t markov_top_k;     /* DSpark, argmax drafting: bias only the top-k base candidates (0 = exact) */
     bool    backend_sampling; /* sample the target's verify rows inside its graph (greedy chain mode) */
 };
 

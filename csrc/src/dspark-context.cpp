@@ -1,5 +1,6 @@
 #include "dspark-context.h"
 
+#include "dspark-backend.h"
 #include "dspark-impl.h"
 #include "models/target-graph.h"
 
@@ -77,6 +78,7 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
                  (params.flash_attn == DSPARK_FLASH_ATTN_AUTO &&
                   flash_attn_supported(compute, hp().head_dim_k, hp().n_head, hp().n_head_kv, kv_type));
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
+    pad_odd_columns = dspark_device_is_cpu(model.device());
     logits.resize((size_t) n_outputs_max * hp().n_vocab);
     reserve_worst_case();
 }
@@ -84,7 +86,7 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
 void dspark_context::reserve_worst_case() {
     ggml_context * ctx = compute.begin();
     ggml_cgraph * gf = compute.new_graph(ctx);
-    dspark_graph g = {ctx, gf};
+    dspark_graph g = {ctx, gf, pad_odd_columns};
     build_target_graph(g, *model.target, kv, (int) params.n_batch, (int) n_outputs_max, (int) params.n_ctx, capture,
                        flash_attn);
     compute.reserve(gf);
@@ -174,7 +176,7 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
 
     ggml_context * ctx = compute.begin();
     ggml_cgraph * gf = compute.new_graph(ctx);
-    dspark_graph g = {ctx, gf};
+    dspark_graph g = {ctx, gf, pad_odd_columns};
     target_graph io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn, sampling);
     compute.alloc(gf);
     if (io.uniforms) {

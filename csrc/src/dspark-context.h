@@ -16,6 +16,7 @@ struct dspark_context {
     dspark_kv_cache        kv;
     dspark_compute         compute;
     bool                   flash_attn = true;
+    bool                   pad_odd_columns = false;  // CPU: see dspark_graph
     uint32_t               n_outputs_max = 0;  // rows of the logits buffer
 
     std::vector<int32_t>   capture;            // layer ids whose inputs are captured

@@ -1,5 +1,6 @@
 #include "dspark-draft.h"
 
+#include "dspark-backend.h"
 #include "dspark-context.h"
 #include "dspark-impl.h"
 
@@ -20,6 +21,7 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
             (int64_t) hp().head_dim * hp().n_head_kv, kv_type, n_cells, params.n_seq_max);
     flash_attn = params.flash_attn != DSPARK_FLASH_ATTN_OFF;  // CPU and GPU backends run it for these shapes
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
+    pad_odd_columns = dspark_device_is_cpu(model.device());
 
     if (!model.d2t.empty()) {
         ggml_init_params ip = { /*.mem_size =*/ ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
@@ -46,7 +48,7 @@ dspark_draft_context::~dspark_draft_context() {
 void dspark_draft_context::reserve_worst_case() {
     ggml_context * ctx = compute.begin();
     ggml_cgraph * gf = compute.new_graph(ctx);
-    dspark_graph g = {ctx, gf};
+    dspark_graph g = {ctx, gf, pad_odd_columns};
     build_dflash_block(g, *model.draft, kv, d2t_i32, (int) params.n_seq_max, hp().block_size, (int) kv.n_cells, flash_attn,
                        false, dflash_pick());
     compute.reserve(gf);
@@ -95,7 +97,7 @@ void dspark_draft_context::inject(const float * features, int32_t n_rows, int32_
     try {
         ggml_context * ctx = compute.begin();
         ggml_cgraph * gf = compute.new_graph(ctx);
-        dspark_graph g = {ctx, gf};
+        dspark_graph g = {ctx, gf, pad_odd_columns};
         dflash_inject_graph io = build_dflash_inject(g, *model.draft, kv, n_rows);
         compute.alloc(gf);
         dspark_set_input(io.feat, features, sizeof(float) * (size_t) n_rows * width);
@@ -203,7 +205,7 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
 
     ggml_context * ctx = compute.begin();
     ggml_cgraph * gf = compute.new_graph(ctx);
-    dspark_graph g = {ctx, gf};
+    dspark_graph g = {ctx, gf, pad_odd_columns};
     // the context rows are written to the cache before the block reads it (graph order)
     dflash_inject_graph inj;
     if (r.n_inject > 0) {

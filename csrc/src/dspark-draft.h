@@ -35,6 +35,7 @@ struct dspark_draft_context {
     dspark_kv_cache       kv;
     dspark_compute        compute;
     bool                  flash_attn = true;
+    bool                  pad_odd_columns = false;  // CPU: see dspark_graph
 
     // results of the last propose, block-major: [n_seqs][n_draft] (logits: [n_seqs][n_draft][V])
     int32_t               n_seqs  = 0;

@@ -27,8 +27,8 @@ static dspark_sampler_params to_sampler(const dspark_sampling_params * p) {
 dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & p)
     : tgt(target), dft(draft), params(p) {
     total = dspark_spec_stats();
-    if (params.n_min < 0 || params.n_max < 0 || !(params.p_min >= 0.0f && params.p_min <= 1.0f)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_max and n_min must be >= 0 and p_min in [0, 1]");
+    if (params.n_min < 0 || params.n_max < 0 || params.markov_top_k < 0 || !(params.p_min >= 0.0f && params.p_min <= 1.0f)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_max, n_min and markov_top_k must be >= 0 and p_min in [0, 1]");
     }
     if (params.draft_mode != DSPARK_DRAFT_GREEDY_CHAIN && params.draft_mode != DSPARK_DRAFT_PROBABILISTIC) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown draft mode %d", params.draft_mode);
@@ -332,6 +332,7 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     r.want_logits = sampled;
     r.pick.sample = sampled;
     r.pick.temperature = sampled ? plans[which[0]].s->sp.temperature : 1.0f;
+    r.pick.markov_top_k = params.markov_top_k;
     r.seed = sampled ? plans[which[0]].s->aux() : 0;
     dft->propose(r);
     for (size_t i : which) {

@@ -11,6 +11,12 @@ ggml_tensor * dspark_graph_input(ggml_context * ctx, ggml_type type, int64_t ne0
     return t;
 }
 
+ggml_tensor * dspark_gather_cols(ggml_context * ctx, ggml_tensor * src, ggml_tensor * idx) {
+    ggml_tensor * s3 = ggml_reshape_3d(ctx, src, 1, src->ne[0], src->ne[1]);  // rows of one value
+    ggml_tensor * out = ggml_get_rows(ctx, s3, idx);                           // [1, m, r]
+    return ggml_reshape_2d(ctx, out, idx->ne[0], idx->ne[1]);
+}
+
 void dspark_set_input(ggml_tensor * t, const void * data, size_t nbytes) {
     if (t && t->buffer) {
         ggml_backend_tensor_set(t, data, 0, nbytes);
@@ -23,7 +29,14 @@ ggml_tensor * dspark_graph::rms_norm(ggml_tensor * x, ggml_tensor * w, float eps
 }
 
 ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * scale) const {
-    ggml_tensor * y = ggml_mul_mat(ctx, w, x);
+    const int64_t n = x->ne[1];
+    ggml_tensor * y;
+    if (pad_odd_columns && n > 1 && n % 2 == 1 && x->ne[2] == 1 && ggml_is_contiguous(x)) {
+        y = ggml_mul_mat(ctx, w, ggml_pad(ctx, x, 0, 1, 0, 0));       // [out, n+1]
+        y = ggml_view_2d(ctx, y, y->ne[0], n, y->nb[1], 0);            // the real columns
+    } else {
+        y = ggml_mul_mat(ctx, w, x);
+    }
     return scale ? ggml_mul(ctx, y, scale) : y;
 }
 

@@ -12,6 +12,9 @@
 struct dspark_graph {
     ggml_context * ctx;
     ggml_cgraph *  gf;
+    // Pad odd column counts (> 1) of matmul inputs to even: the CPU's tiled matmul (llamafile
+    // sgemm) is measurably faster on 2k columns than on 2k-1, so the padding column is free.
+    bool pad_odd_columns = false;
 
     // x / sqrt(mean(x^2) + eps) * w, over the first dimension; w may be null (no weight).
     ggml_tensor * rms_norm(ggml_tensor * x, ggml_tensor * w, float eps) const;
@@ -42,6 +45,9 @@ struct dspark_graph {
 // An input tensor of the graph (filled on the host after allocation): 1-D [ne0] when ne1 is 0,
 // else 2-D [ne0, ne1].
 ggml_tensor * dspark_graph_input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, const char * name);
+
+// Per-column gather: out[i, c] = src[idx[i, c], c]; src [n, r] (F32 or I32), idx I32 [m, r].
+ggml_tensor * dspark_gather_cols(ggml_context * ctx, ggml_tensor * src, ggml_tensor * idx);
 
 // Fill an input after allocation; an input no node uses got no memory and is skipped.
 void dspark_set_input(ggml_tensor * t, const void * data, size_t nbytes);

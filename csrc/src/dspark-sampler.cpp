@@ -1,5 +1,7 @@
 #include "dspark-sampler.h"
 
+#include "dspark-graph.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -110,13 +112,6 @@ int32_t dspark_sample_host(const float * logits, int n_vocab, const dspark_sampl
 
 // ---- in-graph ---------------------------------------------------------------------------------
 
-// Per column gather: out[i, c] = src[idx[i, c], c]; src [n, r] (F32 or I32), idx I32 [m, r].
-static ggml_tensor * gather_cols(ggml_context * ctx, ggml_tensor * src, ggml_tensor * idx) {
-    ggml_tensor * s3 = ggml_reshape_3d(ctx, src, 1, src->ne[0], src->ne[1]);  // rows of one value
-    ggml_tensor * out = ggml_get_rows(ctx, s3, idx);                           // [1, m, r]
-    return ggml_reshape_2d(ctx, out, idx->ne[0], idx->ne[1]);
-}
-
 ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, const dspark_sampler_params & p) {
     const int64_t V = logits->ne[0], r = logits->ne[1];
     if (p.greedy()) {
@@ -127,11 +122,11 @@ ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggm
     if (p.sorts((int) V)) {
         if (p.top_k > 0 && p.top_k < V) {
             ids = ggml_top_k(ctx, logits, p.top_k);  // unordered
-            vals = gather_cols(ctx, logits, ids);
+            vals = dspark_gather_cols(ctx, logits, ids);
         }
         ggml_tensor * order = ggml_argsort(ctx, vals, GGML_SORT_ORDER_DESC);
-        vals = gather_cols(ctx, vals, order);
-        ids = ids ? gather_cols(ctx, ids, order) : order;
+        vals = dspark_gather_cols(ctx, vals, order);
+        ids = ids ? dspark_gather_cols(ctx, ids, order) : order;
         if (p.top_p < 1.0f || p.min_p > 0.0f) {
             ggml_tensor * probs = ggml_soft_max(ctx, vals);
             ggml_tensor * keep = nullptr;
@@ -156,7 +151,7 @@ ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggm
     if (!ids) {
         return ggml_reshape_1d(ctx, idx, r);
     }
-    return ggml_reshape_1d(ctx, gather_cols(ctx, ids, idx), r);
+    return ggml_reshape_1d(ctx, dspark_gather_cols(ctx, ids, idx), r);
 }
 
 // ---- random stream ------------------------------------------------------------------------------

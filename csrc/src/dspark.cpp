@@ -658,8 +658,9 @@ int32_t dspark_draft_inject(struct dspark_draft_context * dctx, const float * fe
 
 struct dspark_propose_params dspark_propose_default_params(void) {
     dspark_propose_params p;
-    p.n_draft     = 0;
-    p.temperature = 1.0f;
+    p.n_draft      = 0;
+    p.markov_top_k = 0;
+    p.temperature  = 1.0f;
     p.seed        = 0;
     p.sample      = false;
     p.want_logits = false;
@@ -683,6 +684,7 @@ int32_t dspark_draft_propose(struct dspark_draft_context * dctx, int32_t n_seqs,
         r.want_logits = p.want_logits;
         r.pick.sample = p.sample;
         r.pick.temperature = p.temperature;
+        r.pick.markov_top_k = p.markov_top_k;
         r.seed = p.seed;
         dctx->propose(r);
         return DSPARK_STATUS_OK;
@@ -779,6 +781,7 @@ struct dspark_spec_params dspark_spec_default_params(void) {
     p.p_min = 0.0f;
     p.draft_mode = DSPARK_DRAFT_GREEDY_CHAIN;
     p.schedule = DSPARK_SCHEDULE_STATIC;
+    p.markov_top_k = 0;
     p.backend_sampling = false;
     return p;
 }

@@ -69,11 +69,13 @@ class Engine:
         schedule: "static" (default) or "confidence" (DSpark's prefix scheduler).
         backend_sampling: sample the verify rows inside the target's graph. Default False.
         eog: end-of-generation token ids.
+        markov_top_k: DSpark, argmax drafting: add the Markov bias to each slot's top-k base
+            candidates only (0, the default, is exact).
     """
 
     def __init__(self, target: Context, draft: DraftContext | None = None, *, n_max: int = 0, n_min: int = 0,
                  p_min: float = 0.0, draft_mode: str = "greedy", schedule: str = "static",
-                 backend_sampling: bool = False, eog: Sequence[int] = ()) -> None:
+                 backend_sampling: bool = False, eog: Sequence[int] = (), markov_top_k: int = 0) -> None:
         if draft_mode not in DRAFT_MODES:
             raise InvalidArgumentError(f"draft_mode must be one of {sorted(DRAFT_MODES)}, got {draft_mode!r}")
         if schedule not in SCHEDULES:
@@ -82,6 +84,7 @@ class Engine:
         p = ffi.new("struct dspark_spec_params *", lib.dspark_spec_default_params())
         p.n_max, p.n_min, p.p_min = n_max, n_min, p_min
         p.draft_mode, p.schedule, p.backend_sampling = DRAFT_MODES[draft_mode], SCHEDULES[schedule], backend_sampling
+        p.markov_top_k = markov_top_k
         self.target, self.draft = target, draft
         self._handle: Any = _lib.check_ptr(lib.dspark_engine_init(target.handle, draft.handle if draft else ffi.NULL, p))
         self._abort_cb: Any = None

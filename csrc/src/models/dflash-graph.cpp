@@ -1,5 +1,6 @@
 #include "models/dflash-graph.h"
 
+#include <algorithm>
 #include <cmath>
 
 // ---- injection --------------------------------------------------------------------------------
@@ -97,28 +98,49 @@ static ggml_tensor * pick_tokens(const dspark_graph & g, ggml_tensor * logits, g
     return ggml_argmax(g.ctx, z);
 }
 
-// The Markov bias of one slot from e = W1[prev] [R, n_blocks], the slot's final hidden state
-// h [E, n_blocks] and the RNN state s [R, n_blocks] (updated in place for the rnn head).
-static ggml_tensor * markov_bias(const dspark_graph & g, const dflash_model & m, ggml_tensor * e, ggml_tensor * h,
-                                 ggml_tensor ** s) {
+// What W2 multiplies for one slot, from e = W1[prev] [R, n_blocks], the slot's final hidden state
+// h [E, n_blocks] and the RNN state s [R, n_blocks] (updated in place for the rnn head):
+//   vanilla: e;  gated: σ(Wg [h; e] + bg) ⊙ e;
+//   rnn: [g, c, o] = Wj [s; e; h] + bj, s' = σ(g) s + σ(-g) tanh(c), tanh(o).
+static ggml_tensor * markov_input(const dspark_graph & g, const dflash_model & m, ggml_tensor * e, ggml_tensor * h,
+                                  ggml_tensor ** s) {
     ggml_context * ctx = g.ctx;
     const int64_t R = m.hp.markov_rank;
-    ggml_tensor * r = e;  // vanilla: W2 · e
     if (m.hp.markov == markov_head::gated) {
-        // gate = σ(Wg [h; e] + bg), bias = W2 (gate ⊙ e)
         ggml_tensor * gate = ggml_sigmoid(ctx, ggml_add(ctx, ggml_mul_mat(ctx, m.markov_gate, ggml_concat(ctx, h, e, 0)), m.markov_gate_b));
-        r = ggml_mul(ctx, gate, e);
-    } else if (m.hp.markov == markov_head::rnn) {
-        // [g, c, o] = Wj [s; e; h] + bj;  s' = σ(g) s + σ(-g) tanh(c);  bias = W2 tanh(o)
+        return ggml_mul(ctx, gate, e);
+    }
+    if (m.hp.markov == markov_head::rnn) {
         ggml_tensor * z = ggml_add(ctx, ggml_mul_mat(ctx, m.markov_joint, ggml_concat(ctx, ggml_concat(ctx, *s, e, 0), h, 0)),
                                    m.markov_joint_b);
         auto part = [&](int k) { return ggml_cont(ctx, ggml_view_2d(ctx, z, R, z->ne[1], z->nb[1], k * R * ggml_element_size(z))); };
         ggml_tensor * gt = part(0), * ct = part(1), * ot = part(2);
         *s = ggml_add(ctx, ggml_mul(ctx, ggml_sigmoid(ctx, gt), *s),
                       ggml_mul(ctx, ggml_sigmoid(ctx, ggml_neg(ctx, gt)), ggml_tanh(ctx, ct)));
-        r = ggml_tanh(ctx, ot);
+        return ggml_tanh(ctx, ot);
     }
-    return g.mm(m.markov_w2, r, m.markov_w2_s);  // [Vd, n_blocks]
+    return e;
+}
+
+// The chain's start: each block's anchor (token 0), a strided view of the token input gathered to
+// [n_blocks]; and the RNN state, zero at the first predicting slot.
+static ggml_tensor * chain_anchors(ggml_context * ctx, const dflash_block_graph & io, int n_blocks, int block_len) {
+    ggml_tensor * prev = ggml_view_2d(ctx, io.tokens, 1, n_blocks, sizeof(int32_t) * block_len, 0);
+    return ggml_reshape_1d(ctx, ggml_cont(ctx, prev), n_blocks);
+}
+
+static ggml_tensor * chain_state(ggml_context * ctx, const dflash_model & m, int n_blocks) {
+    if (m.hp.markov != markov_head::rnn) {
+        return nullptr;
+    }
+    return ggml_fill(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m.hp.markov_rank, n_blocks), 0.0f);
+}
+
+// confidence = σ(w · [h; e] + b), [1, n_blocks]
+static ggml_tensor * confidence(const dspark_graph & g, const dflash_model & m, ggml_tensor * h, ggml_tensor * e) {
+    ggml_tensor * c = ggml_sigmoid(g.ctx, g.add(ggml_mul_mat(g.ctx, m.conf_w, ggml_concat(g.ctx, h, e, 0)), m.conf_b));
+    ggml_set_output(c);
+    return c;
 }
 
 // DSpark chain over the P predicting slots: slot j's logits get W2·W1[prev] (head-dependent), and
@@ -128,27 +150,16 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
                                   ggml_tensor * logits, ggml_tensor * hid, ggml_tensor * d2t_i32, int P, int n_blocks,
                                   int block_len, bool want_logits, const dflash_pick & pick) {
     ggml_context * ctx = g.ctx;
-    // the anchors: token 0 of every block, a strided view of the token input (gathered to [n_blocks])
-    ggml_tensor * prev = ggml_view_2d(ctx, io.tokens, 1, n_blocks, sizeof(int32_t) * block_len, 0);
-    prev = ggml_reshape_1d(ctx, ggml_cont(ctx, prev), n_blocks);
-    ggml_tensor * s = nullptr;
-    if (m.hp.markov == markov_head::rnn) {
-        s = ggml_fill(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m.hp.markov_rank, n_blocks), 0.0f);
-    }
+    ggml_tensor * prev = chain_anchors(ctx, io, n_blocks, block_len);
+    ggml_tensor * s = chain_state(ctx, m, n_blocks);
     ggml_tensor * out = logits;
     for (int j = 0; j < P; ++j) {
         ggml_tensor * e = ggml_get_rows(ctx, m.markov_w1, prev);  // [R, n_blocks]
-        ggml_tensor * h = slot_view(ctx, hid, j, P, n_blocks);
-        if (m.hp.markov != markov_head::vanilla) {
-            h = ggml_cont(ctx, h);
-        }
-        ggml_tensor * biased = ggml_add(ctx, slot_view(ctx, logits, j, P, n_blocks), markov_bias(g, m, e, h, &s));
+        ggml_tensor * h = ggml_cont(ctx, slot_view(ctx, hid, j, P, n_blocks));
+        ggml_tensor * bias = g.mm(m.markov_w2, markov_input(g, m, e, h, &s), m.markov_w2_s);  // [Vd, n_blocks]
+        ggml_tensor * biased = ggml_add(ctx, slot_view(ctx, logits, j, P, n_blocks), bias);
         if (m.conf_w) {
-            // confidence = σ(w · [h; e] + b)
-            ggml_tensor * hc = ggml_concat(ctx, ggml_cont(ctx, h), e, 0);
-            ggml_tensor * c = ggml_sigmoid(ctx, g.add(ggml_mul_mat(ctx, m.conf_w, hc), m.conf_b));  // [1, n_blocks]
-            ggml_set_output(c);
-            io.conf_out.push_back(c);
+            io.conf_out.push_back(confidence(g, m, h, e));
         }
         ggml_tensor * noise = io.noise ? ggml_view_2d(ctx, io.noise, io.noise->ne[0], n_blocks, io.noise->nb[1],
                                                       io.noise->nb[2] * j) : nullptr;
@@ -161,6 +172,42 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
         }
     }
     return out;
+}
+
+// The same chain restricted to each slot's top-k base candidates: the bias W2·r is computed for
+// the k candidate rows of W2 only (a batched [R, k] x [R, 1] product per block), and the argmax is
+// taken among the candidates. Greedy only, no logits out.
+static void markov_chain_top_k(const dspark_graph & g, const dflash_model & m, dflash_block_graph & io, ggml_tensor * logits,
+                               ggml_tensor * hid, ggml_tensor * d2t_i32, int P, int n_blocks, int block_len, int K) {
+    ggml_context * ctx = g.ctx;
+    const int64_t R = m.hp.markov_rank;
+    ggml_tensor * cand = ggml_top_k(ctx, logits, K);                // I32 [K, P·n_blocks], draft ids
+    ggml_tensor * cand_logits = dspark_gather_cols(ctx, logits, cand);  // [K, P·n_blocks]
+    ggml_tensor * prev = chain_anchors(ctx, io, n_blocks, block_len);
+    ggml_tensor * s = chain_state(ctx, m, n_blocks);
+    for (int j = 0; j < P; ++j) {
+        ggml_tensor * e = ggml_get_rows(ctx, m.markov_w1, prev);  // [R, n_blocks]
+        ggml_tensor * h = ggml_cont(ctx, slot_view(ctx, hid, j, P, n_blocks));
+        ggml_tensor * r = markov_input(g, m, e, h, &s);
+        ggml_tensor * cj = ggml_cont(ctx, slot_view(ctx, cand, j, P, n_blocks));              // I32 [K, n_blocks]
+        ggml_tensor * rows = ggml_get_rows(ctx, m.markov_w2, ggml_reshape_1d(ctx, cj, (int64_t) K * n_blocks));
+        rows = ggml_reshape_3d(ctx, rows, R, K, n_blocks);                                     // [R, K, n_blocks]
+        ggml_tensor * bias = ggml_mul_mat(ctx, rows, ggml_reshape_3d(ctx, r, R, 1, n_blocks));  // [K, 1, n_blocks]
+        bias = ggml_reshape_2d(ctx, bias, K, n_blocks);
+        if (m.markov_w2_s) {
+            bias = ggml_mul(ctx, bias, m.markov_w2_s);
+        }
+        ggml_tensor * biased = ggml_add(ctx, ggml_cont(ctx, slot_view(ctx, cand_logits, j, P, n_blocks)), bias);
+        if (m.conf_w) {
+            io.conf_out.push_back(confidence(g, m, h, e));
+        }
+        ggml_tensor * local = ggml_argmax(ctx, biased);                                      // [n_blocks]
+        ggml_tensor * picked = dspark_gather_cols(ctx, cj, ggml_reshape_2d(ctx, local, 1, n_blocks));  // [1, n_blocks]
+        ggml_tensor * tok = to_target_ids(ctx, ggml_reshape_1d(ctx, picked, n_blocks), d2t_i32);
+        ggml_set_output(tok);
+        io.tokens_out.push_back(tok);
+        prev = tok;
+    }
 }
 
 // Draft-vocab logits [Vd, n] -> target-vocab logits [V, n]: rows the draft cannot produce are -inf.
@@ -209,7 +256,10 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
                                    m.output_norm, hp.rms_eps);  // [E, P·n_blocks]
     ggml_tensor * logits = g.mm(m.output, hid, m.output_s);       // [Vd, P·n_blocks]
 
-    if (markov) {
+    const int top_k = std::min<int>(pick.markov_top_k, hp.n_vocab_draft);
+    if (markov && top_k > 0 && !pick.sample && !want_logits) {
+        markov_chain_top_k(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, top_k);
+    } else if (markov) {
         logits = markov_chain(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits, pick);
     } else {
         ggml_tensor * noise = io.noise ? ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, io.noise, 0, 2, 1, 3)),

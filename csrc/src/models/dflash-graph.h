@@ -20,8 +20,11 @@ dflash_inject_graph build_dflash_inject(const dspark_graph & g, const dflash_mod
 
 // How drafted tokens are picked from each slot's (biased) logits.
 struct dflash_pick {
-    bool  sample      = false;  // false: argmax; true: argmax(logits / temperature + Gumbel noise)
-    float temperature = 1.0f;
+    bool  sample       = false;  // false: argmax; true: argmax(logits / temperature + Gumbel noise)
+    float temperature  = 1.0f;
+    int   markov_top_k = 0;      // > 0 (argmax only): add the Markov bias to each slot's top-k base
+                                 // candidates only, instead of the whole vocabulary (vLLM's
+                                 // dspark_draft_topk): reads k rows of W2 per slot instead of all
 };
 
 // Decode n_blocks blocks of B tokens [anchor, MASK, ...] (block-major). Outputs cover the P
