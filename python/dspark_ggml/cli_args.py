@@ -29,7 +29,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", metavar="FILE.gguf",
                    help="DFlash/DSpark draft model (default: none, target only)")
     g.add_argument("--demo", action="store_true",
-                   help="use the demo pair shipped with the package (a tiny code model and its DSpark draft)")
+                   help="use the demo pair shipped with the package (a tiny Python code model and its DSpark "
+                        "draft); a text prompt gets a final newline, as a line of source would")
     g.add_argument("-c", "--ctx-size", dest="n_ctx", type=int, metavar="N",
                    help="context size in tokens; 0 = the model's training context (default: 4096)")
     g.add_argument("-b", "--batch-size", dest="n_batch", type=int, metavar="N",
@@ -63,6 +64,9 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"verify a fixed block or DSpark's confidence schedule (default: {d.schedule})")
     g.add_argument("--backend-sampling", action="store_true", default=None,
                    help="sample the verify rows inside the target's graph")
+    g.add_argument("--spec-markov-top-k", dest="markov_top_k", type=int, metavar="K",
+                   help="DSpark: bias only each slot's top-K base candidates (faster on large vocabularies; "
+                        f"default: {d.markov_top_k} = exact)")
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,7 +97,7 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def speculative_from_args(args: argparse.Namespace) -> SpeculativeConfig:
-    names = ("n_max", "n_min", "p_min", "draft_mode", "schedule", "backend_sampling")
+    names = ("n_max", "n_min", "p_min", "draft_mode", "schedule", "backend_sampling", "markov_top_k")
     given: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.spec_type is not None:
         given["method"] = SPEC_TYPES[args.spec_type]

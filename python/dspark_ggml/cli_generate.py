@@ -37,6 +37,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def read_prompt(args: argparse.Namespace) -> Prompt:
     """The prompt from exactly one of PROMPT, -p, -f, --prompt-tokens (the demo's own by default)."""
+    prompt = _read_prompt(args)
+    if args.demo and isinstance(prompt, str) and not args.chat and not prompt.endswith("\n"):
+        # the demo model completes Python source: a line it is asked to continue ends with a newline,
+        # as in the files it learned from (without one it tends to close the "message" at once)
+        prompt += "\n"
+    return prompt
+
+
+def _read_prompt(args: argparse.Namespace) -> Prompt:
     sources = ("prompt_text", "prompt", "file", "prompt_tokens")
     given = [name for name in sources if getattr(args, name) is not None]
     if len(given) > 1:

@@ -133,7 +133,7 @@ class LLM:
         eog = sorted(self.tokenizer.eog_ids) if self.tokenizer is not None else []
         engine = Engine(self.context, self.draft_context, n_max=s.n_max, n_min=s.n_min, p_min=s.p_min,
                         draft_mode=s.draft_mode, schedule=s.schedule, backend_sampling=s.backend_sampling,
-                        eog=eog)
+                        markov_top_k=s.markov_top_k, eog=eog)
         engine.set_abort_callback(self._interrupt.is_set)
         return engine
 
