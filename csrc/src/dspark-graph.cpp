@@ -31,7 +31,9 @@ ggml_tensor * dspark_graph::rms_norm(ggml_tensor * x, ggml_tensor * w, float eps
 ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * scale) const {
     const int64_t n = x->ne[1];
     ggml_tensor * y;
-    if (pad_odd_columns && n > 1 && n % 2 == 1 && x->ne[2] == 1 && ggml_is_contiguous(x)) {
+    // only worth its copy for large weights (small ones run from cache whatever the shape)
+    if (pad_odd_columns && n > 1 && n % 2 == 1 && x->ne[2] == 1 && ggml_is_contiguous(x) &&
+        ggml_nelements(w) >= (1 << 20)) {
         y = ggml_mul_mat(ctx, w, ggml_pad(ctx, x, 0, 1, 0, 0));       // [out, n+1]
         y = ggml_view_2d(ctx, y, y->ne[0], n, y->nb[1], 0);            // the real columns
     } else {
