@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _lib
+from ._handle import NativeHandle
 from .errors import InvalidArgumentError
 from .kv_cache import KVCache
 from .model import Model
@@ -38,7 +39,7 @@ def _int_array(values: Any, n: int, name: str) -> np.ndarray:
     return a
 
 
-class Context:
+class Context(NativeHandle):
     """A context for a target model: KV cache, compute buffers and outputs.
 
     Args:
@@ -52,6 +53,9 @@ class Context:
         type_kv: KV cache type, "f16" (default), "f32", "bf16" or "q8_0".
         flash_attn: "auto" (default: where the device supports it), True or False.
     """
+
+    _free_function = "dspark_context_free"
+    _kind = "context"
 
     def __init__(self, model: Model, *, n_ctx: int = 0, n_batch: int = 512, n_seq_max: int = 1,
                  n_outputs_max_per_seq: int = 0, n_threads: int | None = None, type_kv: str = "f16",
@@ -89,26 +93,6 @@ class Context:
                              kv_names[p.type_kv], p.flash_attn == 1)
 
     # ---- lifetime ---------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        if getattr(self, "_handle", None) is not None:
-            _lib.lib().dspark_context_free(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "Context":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-    @property
-    def handle(self) -> Any:
-        if self._handle is None:
-            raise ValueError("the context is closed")
-        return self._handle
 
     # ---- settings ---------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _lib
+from ._handle import NativeHandle
 from .context import FLASH_ATTN, KV_TYPES
 from .errors import InvalidArgumentError
 from .kv_cache import KVCache
@@ -89,7 +90,7 @@ class Proposal:
     logits: np.ndarray | None      # [n_seqs, n_draft, n_vocab] float32
 
 
-class DraftContext:
+class DraftContext(NativeHandle):
     """The draft's KV cache of injected target features, and block proposals.
 
     Args:
@@ -98,6 +99,9 @@ class DraftContext:
         n_batch: max feature rows per :meth:`inject`. Default 512.
         n_seq_max, n_threads, type_kv, flash_attn: as for :class:`~dspark_ggml.context.Context`.
     """
+
+    _free_function = "dspark_draft_context_free"
+    _kind = "draft context"
 
     def __init__(self, draft: DraftModel, *, n_ctx: int = 0, n_batch: int = 512, n_seq_max: int = 1,
                  n_threads: int | None = None, type_kv: str = "f16", flash_attn: bool | str = "auto") -> None:
@@ -114,26 +118,6 @@ class DraftContext:
         self._handle: Any = _lib.check_ptr(lib.dspark_draft_context_init(draft.handle, p))
         self.n_seq_max = n_seq_max
         self.kv = KVCache(lib.dspark_draft_get_kv(self._handle), n_seq_max, self)
-
-    def close(self) -> None:
-        if getattr(self, "_handle", None) is not None:
-            _lib.lib().dspark_draft_context_free(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "DraftContext":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-    @property
-    def handle(self) -> Any:
-        if self._handle is None:
-            raise ValueError("the draft context is closed")
-        return self._handle
 
     def inject(self, features: np.ndarray, positions: Sequence[int] | np.ndarray, seq_ids: Sequence[int] | np.ndarray | int = 0) -> None:
         """Store target features [n_rows, n_target_layers * n_embd] as context cells."""

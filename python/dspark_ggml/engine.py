@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _lib
+from ._handle import NativeHandle
 from .context import Context
 from .draft import DraftContext
 from .errors import InvalidArgumentError
@@ -55,7 +56,7 @@ class SpecStats:
         return d
 
 
-class Engine:
+class Engine(NativeHandle):
     """Speculative decoding over a target context and an optional draft context.
 
     Args:
@@ -73,6 +74,9 @@ class Engine:
             candidates only (0, the default, is exact).
     """
 
+    _free_function = "dspark_engine_free"
+    _kind = "engine"
+
     def __init__(self, target: Context, draft: DraftContext | None = None, *, n_max: int = 0, n_min: int = 0,
                  p_min: float = 0.0, draft_mode: str = "greedy", schedule: str = "static",
                  backend_sampling: bool = False, eog: Sequence[int] = (), markov_top_k: int = 0) -> None:
@@ -89,26 +93,6 @@ class Engine:
         self._handle: Any = _lib.check_ptr(lib.dspark_engine_init(target.handle, draft.handle if draft else ffi.NULL, p))
         self._abort_cb: Any = None
         self.set_eog(eog)
-
-    def close(self) -> None:
-        if getattr(self, "_handle", None) is not None:
-            _lib.lib().dspark_engine_free(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "Engine":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-    @property
-    def handle(self) -> Any:
-        if self._handle is None:
-            raise ValueError("the engine is closed")
-        return self._handle
 
     @property
     def n_draft(self) -> int:

@@ -5,10 +5,11 @@ import os
 from typing import Any
 
 from . import _lib
+from ._handle import NativeHandle
 from .gguf_file import GGUFFile
 
 
-class Model:
+class Model(NativeHandle):
     """A target model loaded from a GGUF file, with its weights on a device.
 
     Args:
@@ -23,6 +24,9 @@ class Model:
         FileAccessError, FileFormatError, UnsupportedError: naming the file and the problem.
     """
 
+    _free_function = "dspark_model_free"
+    _kind = "model"
+
     def __init__(self, path: str | os.PathLike[str], *, device: int = -1, use_mmap: bool = True,
                  cpu_repack: bool = True) -> None:
         self.path = os.fspath(path)
@@ -33,27 +37,6 @@ class Model:
         params.cpu_repack = cpu_repack
         self._handle: Any = _lib.check_ptr(lib.dspark_model_load_from_file(self.path.encode(), params))
         self.gguf = GGUFFile._borrow(lib.dspark_model_gguf(self._handle), self.path)
-
-    def close(self) -> None:
-        """Free the weights. Contexts made from this model must be closed first."""
-        if getattr(self, "_handle", None) is not None:
-            _lib.lib().dspark_model_free(self._handle)
-            self._handle = None
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-    @property
-    def handle(self) -> Any:
-        if self._handle is None:
-            raise ValueError("the model is closed")
-        return self._handle
 
     @property
     def arch(self) -> str:
