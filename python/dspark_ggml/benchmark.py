@@ -48,9 +48,12 @@ def load_prompts(path: str | os.PathLike[str], n: int) -> list[str]:
     return out
 
 
-def _run(engine: Engine, prompts: Sequence[Sequence[int]], sp: SamplingParams) -> tuple[int, float]:
+def _run(engine: Engine, prompts: Sequence[Sequence[int]], sp: SamplingParams, desc: str,
+         progress: bool) -> tuple[int, float]:
+    from tqdm import tqdm
+
     n, t0 = 0, time.perf_counter()
-    for i, p in enumerate(prompts):
+    for i, p in enumerate(tqdm(prompts, desc=desc, disable=not progress, leave=False)):
         sp.seed = i
         n += len(engine.generate(p, sp))
         engine.remove(0)
@@ -59,7 +62,7 @@ def _run(engine: Engine, prompts: Sequence[Sequence[int]], sp: SamplingParams) -
 
 def compare(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str], prompts: Sequence[Sequence[int]], *,
             temperatures: Sequence[float] = (0.0,), draft_modes: Sequence[str] = ("greedy",), max_tokens: int = 128,
-            n_threads: int | None = None, n_max: int = 0, eog: Sequence[int] = ()) -> list[BenchRow]:
+            n_threads: int | None = None, n_max: int = 0, eog: Sequence[int] = (), progress: bool = False) -> list[BenchRow]:
     """Run every prompt target-only and speculatively, for each temperature and drafting mode."""
     target = Model(target_path)
     draft = DraftModel(draft_path, target)
@@ -73,13 +76,13 @@ def compare(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[s
     rows = []
     for temp in temperatures:
         base = engine(False)
-        n0, t0 = _run(base, prompts, SamplingParams(temperature=temp, max_tokens=max_tokens))
+        n0, t0 = _run(base, prompts, SamplingParams(temperature=temp, max_tokens=max_tokens), f"T={temp} target only", progress)
         sb = base.stats()
         for mode in draft_modes:
             if temp == 0.0 and mode != draft_modes[0]:
                 continue  # at temperature 0 every mode drafts the argmax chain
             eng = engine(True, mode)
-            n1, t1 = _run(eng, prompts, SamplingParams(temperature=temp, max_tokens=max_tokens))
+            n1, t1 = _run(eng, prompts, SamplingParams(temperature=temp, max_tokens=max_tokens), f"T={temp} {mode}", progress)
             rows.append(BenchRow(temp, mode, n0 / t0, n1 / t1, eng.stats(), sb.t_verify_ms / max(sb.n_steps, 1)))
     return rows
 

@@ -42,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     tok = Tokenizer.from_gguf(args.model)
     prompts = [tok.encode(t, add_special=False) for t in tqdm(texts, desc="tokenizing", disable=args.json)]
     rows = compare(args.model, args.model_draft, prompts, temperatures=args.temperatures, draft_modes=args.draft_modes,
-                   max_tokens=args.max_tokens, n_threads=args.threads, n_max=args.n_max, eog=sorted(tok.eog_ids))
+                   max_tokens=args.max_tokens, n_threads=args.threads, n_max=args.n_max, eog=sorted(tok.eog_ids),
+                   progress=not args.json)
     if args.json:
         print(json.dumps([dict(temperature=r.temperature, draft_mode=r.draft_mode, target_tok_s=r.target_tok_s,
                                spec_tok_s=r.spec_tok_s, speedup=r.speedup, ideal_speedup=r.ideal_speedup,

@@ -11,7 +11,8 @@ from .gguf_file import GGUFFile, TensorInfo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="+", metavar="FILE.gguf", help="GGUF files to describe")
+    p.add_argument("files", nargs="*", metavar="FILE.gguf", help="GGUF files to describe")
+    p.add_argument("--system", action="store_true", help="also print the ggml build and its devices")
     p.add_argument("--json", action="store_true", help="print one JSON object per file")
     p.add_argument("--no-tensors", action="store_true", help="omit the tensor table")
 
@@ -68,7 +69,20 @@ def _print_text(d: dict[str, Any], show_tensors: bool) -> None:
             print(f"  {t.name:<{nw}}  {t.type:<6}  {shape:<20}  {_human(t.nbytes)}")
 
 
+def _print_system() -> None:
+    from .system import devices, system_info
+
+    print(f"system:        {system_info()}")
+    for d in devices():
+        print(f"device {d.index}:      {d.name} ({d.type}, {d.description}, {d.memory_total / 2**30:.1f} GiB)")
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.system or not args.files:
+        _print_system()
+        if not args.files:
+            return 0
+        print()
     for i, path in enumerate(args.files):
         d = describe(path)
         if args.json:
