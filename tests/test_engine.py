@@ -151,7 +151,6 @@ def target_only_marginals(setup):
 
 @pytest.mark.parametrize("mode", ["greedy", "probabilistic"])
 def test_sampled_output_has_the_target_distribution(setup, target_only_marginals, mode):
-    pytest.importorskip("scipy")
     target, drafts = setup
     ref = target_only_marginals
     spec, st = _marginals(target, drafts["bigram"], mode, np.arange(N_DRAWS))
