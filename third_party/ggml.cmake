@@ -84,17 +84,17 @@ message(STATUS "dspark: building ggml from ${DSPARK_GGML_SOURCE_DIR}")
 # Everything ggml builds as a shared library travels with the package.
 set(DSPARK_GGML_TARGETS ggml ggml-base)
 set(DSPARK_GGML_LIBS ggml ggml-base)
-get_property(_backends GLOBAL PROPERTY GGML_BACKENDS_ALL)  # not set by every ggml version
 foreach (_t ggml-cpu ggml-cuda ggml-vulkan ggml-metal ggml-blas ggml-hip ggml-sycl ggml-opencl ggml-rpc)
     if (TARGET ${_t})
         list(APPEND DSPARK_GGML_LIBS ${_t})
     endif()
 endforeach()
 if (DSPARK_PORTABLE)
-    foreach (_v x64 sse42 sandybridge haswell skylakex icelake alderlake sapphirerapids zen4 cannonlake cascadelake cooperlake
-                android_armv8.0_1 android_armv8.2_1 android_armv8.2_2 android_armv8.6_1 armv8.0_1 armv8.2_1 armv8.2_2 armv8.6_1 armv9.2_1 armv9.2_2)
-        if (TARGET ggml-cpu-${_v})
-            list(APPEND DSPARK_GGML_LIBS ggml-cpu-${_v})
+    # every CPU variant ggml defines (ggml-cpu-haswell, ggml-cpu-zen4, ...), loaded at run time
+    get_property(_src_targets DIRECTORY ${DSPARK_GGML_SOURCE_DIR}/src PROPERTY BUILDSYSTEM_TARGETS)
+    foreach (_t ${_src_targets})
+        if (_t MATCHES "^ggml-cpu-")
+            list(APPEND DSPARK_GGML_LIBS ${_t})
         endif()
     endforeach()
     list(REMOVE_ITEM DSPARK_GGML_LIBS ggml-cpu)
