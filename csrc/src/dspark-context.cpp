@@ -72,11 +72,11 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
 
     compute.init(model.device(), params.n_threads, (size_t) 256 + (size_t) hp().n_layer * 64);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
-    kv.init(ggml_backend_get_default_buffer_type(compute.backend), hp().n_layer, hp().n_embd_k_gqa(),
-            hp().n_embd_v_gqa(), kv_type, params.n_ctx, params.n_seq_max);
+    kv.init(ggml_backend_get_default_buffer_type(compute.backend), hp().n_layer, hp().n_embd_kv(),
+            hp().n_embd_kv(), kv_type, params.n_ctx, params.n_seq_max);
     flash_attn = params.flash_attn == DSPARK_FLASH_ATTN_ON ||
                  (params.flash_attn == DSPARK_FLASH_ATTN_AUTO &&
-                  flash_attn_supported(compute, hp().head_dim_k, hp().n_head, hp().n_head_kv, kv_type));
+                  flash_attn_supported(compute, hp().head_dim, hp().n_head, hp().n_head_kv, kv_type));
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
     pad_odd_columns = dspark_device_is_cpu(model.device());
     logits.resize((size_t) n_outputs_max * hp().n_vocab);

@@ -435,21 +435,27 @@ def _markov_tensors(cfg: DraftConfig, E: int, V: int, Vd: int, R: int) -> List[_
 # metadata
 
 
+def _backbone_metadata(w: gguf.GGUFWriter, a: str, name: str, dtype: str, n_ctx_train: int, n_embd: int,
+                       c: Union[TargetConfig, "DraftConfig"]) -> None:
+    """The keys every model writes under its architecture prefix (dimensions, rope base, eps)."""
+    w.add_string("general.name", name)
+    w.add_uint32("general.file_type", int(_FILE_TYPES[dtype]))
+    w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
+    w.add_uint32(f"{a}.context_length", n_ctx_train)
+    w.add_uint32(f"{a}.embedding_length", n_embd)
+    w.add_uint32(f"{a}.block_count", c.n_layer)
+    w.add_uint32(f"{a}.feed_forward_length", c.n_ff)
+    w.add_uint32(f"{a}.attention.head_count", c.n_head)
+    w.add_uint32(f"{a}.attention.head_count_kv", c.n_head_kv)
+    w.add_uint32(f"{a}.attention.key_length", c.head_dim)
+    w.add_uint32(f"{a}.attention.value_length", c.head_dim)
+    w.add_float32(f"{a}.rope.freq_base", float(c.rope_theta))
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", c.rms_eps)
+
+
 def _target_metadata(w: gguf.GGUFWriter, cfg: TargetConfig) -> None:
     a = cfg.arch
-    w.add_string("general.name", cfg.name or f"tiny-random-{a}")
-    w.add_uint32("general.file_type", int(_FILE_TYPES[cfg.dtype]))
-    w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
-    w.add_uint32(f"{a}.context_length", cfg.n_ctx_train)
-    w.add_uint32(f"{a}.embedding_length", cfg.n_embd)
-    w.add_uint32(f"{a}.block_count", cfg.n_layer)
-    w.add_uint32(f"{a}.feed_forward_length", cfg.n_ff)
-    w.add_uint32(f"{a}.attention.head_count", cfg.n_head)
-    w.add_uint32(f"{a}.attention.head_count_kv", cfg.n_head_kv)
-    w.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
-    w.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
-    w.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_eps)
+    _backbone_metadata(w, a, cfg.name or f"tiny-random-{a}", cfg.dtype, cfg.n_ctx_train, cfg.n_embd, cfg)
     if a == "llama":  # LlamaModel.set_gguf_parameters adds these two
         w.add_uint32(f"{a}.vocab_size", cfg.n_vocab)
         w.add_uint32(f"{a}.rope.dimension_count", cfg.head_dim)
@@ -467,19 +473,7 @@ def _draft_metadata(w: gguf.GGUFWriter, cfg: DraftConfig, target: TargetConfig) 
     a = "dflash"
     assert cfg.target_layers is not None and cfg.mask_token_id is not None
     assert cfg.rope_theta is not None and cfg.n_ctx_train is not None
-    w.add_string("general.name", cfg.name or f"tiny-random-{cfg.kind}")
-    w.add_uint32("general.file_type", int(_FILE_TYPES[cfg.dtype]))
-    w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
-    w.add_uint32(f"{a}.context_length", cfg.n_ctx_train)
-    w.add_uint32(f"{a}.embedding_length", target.n_embd)
-    w.add_uint32(f"{a}.block_count", cfg.n_layer)
-    w.add_uint32(f"{a}.feed_forward_length", cfg.n_ff)
-    w.add_uint32(f"{a}.attention.head_count", cfg.n_head)
-    w.add_uint32(f"{a}.attention.head_count_kv", cfg.n_head_kv)
-    w.add_uint32(f"{a}.attention.key_length", cfg.head_dim)
-    w.add_uint32(f"{a}.attention.value_length", cfg.head_dim)
-    w.add_float32(f"{a}.rope.freq_base", cfg.rope_theta)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_eps)
+    _backbone_metadata(w, a, cfg.name or f"tiny-random-{cfg.kind}", cfg.dtype, cfg.n_ctx_train, target.n_embd, cfg)
     w.add_uint32(f"{a}.block_size", cfg.block_size)
     w.add_array(f"{a}.target_layers", [int(i) for i in cfg.target_layers])  # INT32[]
     if cfg.is_dspark:

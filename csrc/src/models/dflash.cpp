@@ -14,22 +14,7 @@ std::string dspark_markov_head_name(markov_head h) {
 
 static void load_hparams(dflash_hparams & hp, const dspark_gguf & f) {
     const std::string a = "dflash";
-    hp.n_embd      = (int) f.get_int(a + ".embedding_length");
-    hp.n_layer     = (int) f.get_int(a + ".block_count");
-    hp.n_ctx_train = (int) f.get_int(a + ".context_length");
-    hp.n_ff        = (int) f.get_int(a + ".feed_forward_length");
-    hp.n_head      = (int) f.get_int(a + ".attention.head_count");
-    hp.n_head_kv   = (int) f.get_int(a + ".attention.head_count_kv", hp.n_head);
-    hp.rms_eps     = (float) f.get_float(a + ".attention.layer_norm_rms_epsilon");
-    if (hp.n_embd <= 0 || hp.n_layer <= 0 || hp.n_head <= 0 || hp.n_head_kv <= 0 || hp.n_ff <= 0 ||
-        hp.n_head % hp.n_head_kv != 0) {
-        f.fail(DSPARK_STATUS_BAD_FORMAT, "invalid draft dimensions (embedding, layers, heads, FFN)");
-    }
-    hp.head_dim = (int) f.get_int(a + ".attention.key_length", hp.n_embd / hp.n_head);
-    if (f.get_int(a + ".attention.value_length", hp.head_dim) != hp.head_dim) {
-        f.fail(DSPARK_STATUS_UNSUPPORTED, "key_length != value_length is not supported");
-    }
-    hp.rope = dspark_rope::from_gguf(f, a, GGML_ROPE_TYPE_NEOX, hp.head_dim, hp.n_ctx_train);
+    static_cast<dspark_backbone &>(hp) = dspark_backbone::from_gguf(f, a, GGML_ROPE_TYPE_NEOX);
     if (f.has_key(a + ".rope.dimension_sections")) {
         for (int64_t s : f.get_int_array(a + ".rope.dimension_sections")) {
             if (s != 0) {

@@ -10,7 +10,7 @@
 // L = number of target layers fused, D = head dim, H / Hkv = heads, F = FFN width.
 #pragma once
 
-#include "dspark-rope.h"
+#include "dspark-backbone.h"
 #include "dspark-weights.h"
 
 #include <string>
@@ -20,13 +20,9 @@ struct target_model;
 
 enum class markov_head { none, vanilla, gated, rnn };
 
-struct dflash_hparams {
-    int   n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0;
+struct dflash_hparams : dspark_backbone {
     int   n_vocab = 0;           // V: ids of the target vocabulary
     int   n_vocab_draft = 0;     // Vd: rows of the lm head (== V unless d2t exists)
-    int   n_ctx_train = 0;
-    float rms_eps = 1e-6f;
-    dspark_rope rope;
     int   block_size = 16;
     std::vector<int32_t> target_layers;
     int   mask_token_id = -1;

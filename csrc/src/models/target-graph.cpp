@@ -12,9 +12,9 @@ static ggml_tensor * decoder_layer(const dspark_graph & g, const target_model & 
 
     // attention
     ggml_tensor * h = g.rms_norm(x, l.attn_norm, hp.rms_eps);
-    ggml_tensor * q = ggml_reshape_3d(ctx, g.add(g.mm(l.wq, h), l.bq), hp.head_dim_k, hp.n_head, T);
-    ggml_tensor * k = ggml_reshape_3d(ctx, g.add(g.mm(l.wk, h), l.bk), hp.head_dim_k, hp.n_head_kv, T);
-    ggml_tensor * v = ggml_reshape_3d(ctx, g.add(g.mm(l.wv, h), l.bv), hp.head_dim_v, hp.n_head_kv, T);
+    ggml_tensor * q = ggml_reshape_3d(ctx, g.add(g.mm(l.wq, h), l.bq), hp.head_dim, hp.n_head, T);
+    ggml_tensor * k = ggml_reshape_3d(ctx, g.add(g.mm(l.wk, h), l.bk), hp.head_dim, hp.n_head_kv, T);
+    ggml_tensor * v = ggml_reshape_3d(ctx, g.add(g.mm(l.wv, h), l.bv), hp.head_dim, hp.n_head_kv, T);
     if (hp.qk_norm) {
         q = g.rms_norm(q, l.q_norm, hp.rms_eps);
         k = g.rms_norm(k, l.k_norm, hp.rms_eps);
@@ -22,8 +22,8 @@ static ggml_tensor * decoder_layer(const dspark_graph & g, const target_model & 
     q = g.rope(q, io.pos, hp.rope, m.rope_freqs);
     k = g.rope(k, io.pos, hp.rope, m.rope_freqs);
     g.store_kv(kv, il, k, v, io.kv_idx);
-    const float scale = 1.0f / sqrtf((float) hp.head_dim_k);
-    ggml_tensor * a = g.attention(kv, il, q, io.mask, n_kv, hp.head_dim_k, hp.n_head_kv, scale, flash);
+    const float scale = 1.0f / sqrtf((float) hp.head_dim);
+    ggml_tensor * a = g.attention(kv, il, q, io.mask, n_kv, hp.head_dim, hp.n_head_kv, scale, flash);
     x = ggml_add(ctx, x, g.add(g.mm(l.wo, a), l.bo));
 
     // feed-forward

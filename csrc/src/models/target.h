@@ -7,29 +7,16 @@
 //   llama   normal   no         no      (optional rope_freqs per-pair factors)
 #pragma once
 
-#include "dspark-rope.h"
+#include "dspark-backbone.h"
 #include "dspark-weights.h"
 
 #include <string>
 #include <vector>
 
-struct target_hparams {
+struct target_hparams : dspark_backbone {
     std::string arch;
-    int   n_vocab     = 0;
-    int   n_embd      = 0;
-    int   n_layer     = 0;
-    int   n_head      = 0;
-    int   n_head_kv   = 0;
-    int   head_dim_k  = 0;
-    int   head_dim_v  = 0;
-    int   n_ff        = 0;
-    int   n_ctx_train = 0;
-    float rms_eps     = 1e-6f;
-    bool  qk_norm     = false;
-    dspark_rope rope;
-
-    int n_embd_k_gqa() const { return head_dim_k * n_head_kv; }
-    int n_embd_v_gqa() const { return head_dim_v * n_head_kv; }
+    int  n_vocab = 0;
+    bool qk_norm = false;
 };
 
 struct target_layer {

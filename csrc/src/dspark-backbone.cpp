@@ -1,0 +1,29 @@
+#include "dspark-backbone.h"
+
+#include "dspark-impl.h"
+
+dspark_backbone dspark_backbone::from_gguf(const dspark_gguf & f, const std::string & a, int rope_mode) {
+    dspark_backbone b;
+    b.n_embd      = (int) f.get_int(a + ".embedding_length");
+    b.n_layer     = (int) f.get_int(a + ".block_count");
+    b.n_ctx_train = (int) f.get_int(a + ".context_length");
+    b.n_ff        = (int) f.get_int(a + ".feed_forward_length");
+    b.n_head      = (int) f.get_int(a + ".attention.head_count");
+    b.n_head_kv   = (int) f.get_int(a + ".attention.head_count_kv", b.n_head);
+    b.rms_eps     = (float) f.get_float(a + ".attention.layer_norm_rms_epsilon");
+    if (b.n_embd <= 0 || b.n_layer <= 0 || b.n_head <= 0 || b.n_head_kv <= 0 || b.n_ff <= 0) {
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "embedding_length, block_count, feed_forward_length and head counts must be positive");
+    }
+    if (b.n_head % b.n_head_kv != 0) {
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "head_count must be a multiple of head_count_kv");
+    }
+    b.head_dim = (int) f.get_int(a + ".attention.key_length", b.n_embd / b.n_head);
+    if (f.get_int(a + ".attention.value_length", b.head_dim) != b.head_dim) {
+        f.fail(DSPARK_STATUS_UNSUPPORTED, "key_length != value_length is not supported");
+    }
+    b.rope = dspark_rope::from_gguf(f, a, rope_mode, b.head_dim, b.n_ctx_train);
+    if (b.rope.n_rot > b.head_dim || b.rope.n_rot % 2 != 0) {
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "rope.dimension_count must be even and at most key_length");
+    }
+    return b;
+}
