@@ -7,16 +7,23 @@ dspark_backbone dspark_backbone::from_gguf(const dspark_gguf & f, const std::str
     b.n_embd      = (int) f.get_int(a + ".embedding_length");
     b.n_layer     = (int) f.get_int(a + ".block_count");
     b.n_ctx_train = (int) f.get_int(a + ".context_length");
-    b.n_ff        = (int) f.get_int(a + ".feed_forward_length");
     b.n_head      = (int) f.get_int(a + ".attention.head_count");
-    b.n_head_kv   = (int) f.get_int(a + ".attention.head_count_kv", b.n_head);
     b.rms_eps     = (float) f.get_float(a + ".attention.layer_norm_rms_epsilon");
-    if (b.n_embd <= 0 || b.n_layer <= 0 || b.n_head <= 0 || b.n_head_kv <= 0 || b.n_ff <= 0) {
-        f.fail(DSPARK_STATUS_BAD_FORMAT, "embedding_length, block_count, feed_forward_length and head counts must be positive");
+    if (b.n_embd <= 0 || b.n_layer <= 0 || b.n_layer > 4096 || b.n_head <= 0) {
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "embedding_length, block_count (at most 4096) and head_count must be positive");
     }
-    if (b.n_head % b.n_head_kv != 0) {
-        f.fail(DSPARK_STATUS_BAD_FORMAT, "head_count must be a multiple of head_count_kv");
+    b.n_ff_l      = f.get_int_per_layer(a + ".feed_forward_length", b.n_layer);
+    b.n_head_kv_l = f.get_int_per_layer(a + ".attention.head_count_kv", b.n_layer, b.n_head);
+    for (int il = 0; il < b.n_layer; ++il) {
+        if (b.n_ff_l[il] <= 0 || b.n_head_kv_l[il] <= 0) {
+            f.fail(DSPARK_STATUS_BAD_FORMAT, "feed_forward_length and head_count_kv must be positive (layer " + std::to_string(il) + ")");
+        }
+        if (b.n_head % b.n_head_kv_l[il] != 0) {
+            f.fail(DSPARK_STATUS_BAD_FORMAT, "head_count must be a multiple of head_count_kv (layer " + std::to_string(il) + ")");
+        }
     }
+    b.n_ff      = b.n_ff_l[0];
+    b.n_head_kv = b.n_head_kv_l[0];
     b.head_dim = (int) f.get_int(a + ".attention.key_length", b.n_embd / b.n_head);
     if (f.get_int(a + ".attention.value_length", b.head_dim) != b.head_dim) {
         f.fail(DSPARK_STATUS_UNSUPPORTED, "key_length != value_length is not supported");

@@ -70,13 +70,18 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     const uint32_t per_seq = params.n_outputs_max_per_seq ? params.n_outputs_max_per_seq : params.n_batch;
     n_outputs_max = std::min<uint32_t>(params.n_batch, per_seq * params.n_seq_max);
 
-    compute.init(model.device(), params.n_threads, (size_t) 256 + (size_t) hp().n_layer * 64);
+    // MoE and Gemma-4 layers take about twice the nodes of a plain one
+    compute.init(model.device(), params.n_threads, (size_t) 256 + (size_t) hp().n_layer * 128);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
-    kv.init(ggml_backend_get_default_buffer_type(compute.backend), hp().n_layer, hp().n_embd_kv(),
-            hp().n_embd_kv(), kv_type, params.n_ctx, params.n_seq_max);
-    flash_attn = params.flash_attn == DSPARK_FLASH_ATTN_ON ||
-                 (params.flash_attn == DSPARK_FLASH_ATTN_AUTO &&
-                  flash_attn_supported(compute, hp().head_dim, hp().n_head, hp().n_head_kv, kv_type));
+    kv.init(ggml_backend_get_default_buffer_type(compute.backend), model.target->kv_widths(), kv_type, params.n_ctx,
+            params.n_seq_max);
+    flash_attn = params.flash_attn == DSPARK_FLASH_ATTN_ON;
+    if (params.flash_attn == DSPARK_FLASH_ATTN_AUTO) {
+        flash_attn = true;
+        for (const target_layer & l : model.target->layers) {
+            flash_attn = flash_attn && flash_attn_supported(compute, l.head_dim, hp().n_head, l.n_head_kv, kv_type);
+        }
+    }
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
     pad_odd_columns = dspark_device_is_cpu(model.device());
     logits.resize((size_t) n_outputs_max * hp().n_vocab);
@@ -190,6 +195,12 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
     std::vector<ggml_fp16_t> mask((size_t) n_kv * T);
     kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, dspark_kv_mask_params());
     dspark_set_input(io.mask, mask.data(), mask.size() * sizeof(ggml_fp16_t));
+    if (io.mask_swa) {
+        dspark_kv_mask_params swa;
+        swa.n_swa = hp().n_swa;
+        kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, swa);
+        dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
+    }
     if (io.out_ids) {
         std::vector<int32_t> rows;
         for (int i = 0; i < T; ++i) {

@@ -21,7 +21,7 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
     m->target.reset(new target_model());
     m->target->load(*m->weights);
     m->weights->warn_unused();
-    m->weights->load(dspark_device_pick(params.device), params.use_mmap, params.cpu_repack, {"token_embd.weight"});
+    m->weights->load(dspark_device_pick(params.device), params.use_mmap, params.cpu_repack, {"token_embd.weight", "per_layer_token_embd.weight"});
     return m.release();
 }
 
