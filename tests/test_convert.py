@@ -944,3 +944,21 @@ def test_gemma4_stale_kv_of_sharing_layers_is_written_as_llama_cpp_does(gemma, t
         "model.layers.4.self_attn.k_proj.weight": torch.zeros(8, 64)}))
     with pytest.raises(ConversionError, match="expected shape"):
         convert(src, tmp_path / "h.gguf", progress=False)
+
+
+def test_gemma4_per_layer_config_keys_are_read_as_layer_numbers():
+    """transformers pads per_layer_config keys to the width of the largest layer index ("05" in a
+    12-layer model): the global layers' head size and KV heads are found all the same."""
+    from transformers import Gemma4TextConfig
+
+    from dspark_ggml.convert.gemma4 import read_gemma4
+    from dspark_ggml.convert.hf_config import Config
+
+    types = (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    cfg = Gemma4TextConfig(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=12,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                           num_global_key_value_heads=1, layer_types=types, sliding_window=8,
+                           hidden_size_per_layer_input=0, attention_k_eq_v=True).to_dict()
+    assert "05" in cfg["per_layer_config"]  # what transformers writes
+    g = read_gemma4(Config(cfg, "config.json"))
+    assert (g.head_dim_swa, g.head_dim_full, g.kv_heads_swa, g.kv_heads_full) == (16, 32, 2, 1)

@@ -174,16 +174,43 @@ void dspark_context::decode(const dspark_batch & b, const std::vector<target_sam
     }
 }
 
+const target_graph & dspark_context::graph_for(const target_graph_key & key,
+                                               const std::vector<target_sampling_group> * sampling, ggml_cgraph ** gf) {
+    if (cached_gf && cached_gen == compute.generation && cached_key == key) {
+        n_graphs_reused++;
+        *gf = cached_gf;
+        return cached_io;
+    }
+    cached_gf = nullptr;  // until the new one is complete
+    ggml_context * ctx = compute.begin();
+    ggml_cgraph * g_new = compute.new_graph(ctx);
+    dspark_graph g = {ctx, g_new, pad_odd_columns};
+    cached_io = build_target_graph(g, *model.target, kv, key.n_tokens, key.n_outputs, key.n_kv, key.capture, flash_attn,
+                                   sampling);
+    compute.alloc(g_new);
+    cached_gf = g_new;
+    cached_key = key;
+    cached_gen = compute.generation;
+    n_graphs_built++;
+    *gf = g_new;
+    return cached_io;
+}
+
 void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & slots, int32_t n_out,
                          const std::vector<target_sampling_group> * sampling, const float * uniforms) {
     const int T = b.n_tokens;
     const int n_kv = (int) kv.n_kv();
 
-    ggml_context * ctx = compute.begin();
-    ggml_cgraph * gf = compute.new_graph(ctx);
-    dspark_graph g = {ctx, gf, pad_odd_columns};
-    target_graph io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn, sampling);
-    compute.alloc(gf);
+    target_graph_key key;
+    key.n_tokens = T;
+    key.n_outputs = n_out;
+    key.n_kv = n_kv;
+    key.capture = capture;
+    if (sampling) {
+        key.sampling = *sampling;
+    }
+    ggml_cgraph * gf = nullptr;
+    const target_graph & io = graph_for(key, sampling, &gf);
     if (io.uniforms) {
         dspark_set_input(io.uniforms, uniforms, sizeof(float) * n_out);
     }

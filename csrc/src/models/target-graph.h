@@ -27,6 +27,24 @@ struct target_graph {
 struct target_sampling_group {
     int begin = 0, count = 0;
     dspark_sampler_params params;
+
+    bool operator==(const target_sampling_group & o) const {
+        return begin == o.begin && count == o.count && params.temperature == o.params.temperature &&
+               params.top_k == o.params.top_k && params.top_p == o.params.top_p && params.min_p == o.params.min_p;
+    }
+};
+
+// What a target graph is built for: a graph built for one key runs every batch of that key (only
+// its inputs change), so consecutive decode steps and verify batches of one size reuse it.
+struct target_graph_key {
+    int n_tokens = 0, n_outputs = 0, n_kv = 0;
+    std::vector<int32_t> capture;
+    std::vector<target_sampling_group> sampling;
+
+    bool operator==(const target_graph_key & o) const {
+        return n_tokens == o.n_tokens && n_outputs == o.n_outputs && n_kv == o.n_kv && capture == o.capture &&
+               sampling == o.sampling;
+    }
 };
 
 // The pieces of one layer's graph, shared by the architectures' layer builders.

@@ -98,16 +98,29 @@ def _layer_types(cfg: Config, n_layer: int) -> list[str]:
     return types
 
 
+def _per_layer_overrides(cfg: Config) -> dict[int, Config]:
+    """`per_layer_config` by layer index. transformers writes the keys zero-padded to the width
+    of the largest index ("05" in a 12-layer model), so they are read as numbers."""
+    overrides = cfg.sub("per_layer_config")
+    out: dict[int, Config] = {}
+    for key in (overrides.data if overrides is not None else {}):
+        if str(key).isdigit():
+            layer = overrides.sub(key)
+            if layer is not None:
+                out[int(key)] = layer
+    return out
+
+
 def _per_layer(cfg: Config, types: list[str], key: str, default: Optional[int],
                global_key: str) -> tuple[Optional[int], Optional[int]]:
     """(sliding value, full value) of a per-layer attention size: `per_layer_config` overrides
     where present, else `global_key` for the full layers and `default` for the sliding ones
     (None: not stated; transformers would assume a size for the full layers, we do not). Layers
     of one type must agree (one GGUF key per type)."""
-    overrides = cfg.sub("per_layer_config")
+    by_layer = _per_layer_overrides(cfg)
     found: dict[str, set] = {SLIDING: set(), FULL: set()}
     for i, kind in enumerate(types):
-        layer = overrides.sub(str(i)) if overrides is not None else None
+        layer = by_layer.get(i)
         value = layer.int(key, None, minimum=1) if layer is not None else None
         if value is None:
             value = cfg.int(global_key, None, minimum=1) if kind == FULL else None
