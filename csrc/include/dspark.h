@@ -104,10 +104,12 @@ DSPARK_API void dspark_log_set(dspark_log_callback callback, void * user_data);
 
 /* Weight quantization with ggml's own kernels, by type name ("f16", "q8_0", "q4_k", ...):
  * the byte size of n_rows rows of n_per_row values, quantize (returns bytes written), and
- * dequantize n values. Negative status on an unknown type or a row length the type cannot hold. */
+ * dequantize n values from the src_size bytes at src. Negative status on an unknown type, a type
+ * with no float conversion (i8 .. i64, f64), a row length the type cannot hold, or a source
+ * buffer shorter than n values of the type. */
 DSPARK_API int64_t dspark_quant_size(const char * type, int64_t n_rows, int64_t n_per_row);
 DSPARK_API int64_t dspark_quantize(const char * type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row);
-DSPARK_API int32_t dspark_dequantize(const char * type, const void * src, float * dst, int64_t n);
+DSPARK_API int32_t dspark_dequantize(const char * type, const void * src, size_t src_size, float * dst, int64_t n);
 
 /* ---- devices ------------------------------------------------------------------------------ */
 

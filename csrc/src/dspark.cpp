@@ -161,16 +161,26 @@ int64_t dspark_quantize(const char * type, const float * src, void * dst, int64_
     return st < 0 ? st : out;
 }
 
-int32_t dspark_dequantize(const char * type, const void * src, float * dst, int64_t n) {
+int32_t dspark_dequantize(const char * type, const void * src, size_t src_size, float * dst, int64_t n) {
     return guard([&]() {
         const ggml_type t = type_by_name(type, n);
         if (!src || !dst || n < 0) {
             dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_dequantize: bad buffers or size");
         }
+        // integer and f64 types have no to_float in ggml: calling it would jump through null
+        const ggml_to_float_t to_float = ggml_get_type_traits(t)->to_float;
+        if (t != GGML_TYPE_F32 && !to_float) {
+            dspark_throw(DSPARK_STATUS_UNSUPPORTED, "dequantizing %s is not supported (no float conversion)", type);
+        }
+        const size_t need = ggml_row_size(t, n);
+        if (src_size < need) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_dequantize: %lld %s values need %zu bytes, the source has %zu",
+                         (long long) n, type, need, src_size);
+        }
         if (t == GGML_TYPE_F32) {
             memcpy(dst, src, sizeof(float) * n);
         } else {
-            ggml_get_type_traits(t)->to_float(src, dst, n);
+            to_float(src, dst, n);
         }
         return DSPARK_STATUS_OK;
     });
