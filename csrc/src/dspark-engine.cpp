@@ -412,7 +412,33 @@ void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
     }
 }
 
+// Verify every plan's block with the target, in as few decodes as n_batch allows: a step of many
+// sequences can exceed one batch (n_seq_max x (n_draft + 1) > n_batch), so consecutive plans are
+// grouped into chunks of at most n_batch rows. Only the first chunk's decode can be aborted: once
+// a chunk has committed, the rest of the step runs to the end, so a step is all or nothing.
 void dspark_engine::verify(std::vector<plan> & plans) {
+    const size_t n_batch = tgt.params.n_batch;
+    double t_verify = 0.0;
+    struct restore_abort {
+        dspark_compute & c;
+        ~restore_abort() { c.abortable = true; }
+    } restore{tgt.compute};
+    for (size_t begin = 0; begin < plans.size();) {
+        size_t end = begin, rows = 0;
+        while (end < plans.size() && (end == begin || rows + plans[end].draft.size() + 1 <= n_batch)) {
+            rows += plans[end++].draft.size() + 1;  // one block always fits (checked at setup)
+        }
+        tgt.compute.abortable = begin == 0;
+        t_verify += verify_chunk(plans, begin, end);
+        begin = end;
+    }
+    for (plan & p : plans) {
+        p.s->stats.t_verify_ms += t_verify / plans.size();
+    }
+}
+
+// Decode plans [begin, end) in one target batch, then accept and commit each of them.
+double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size_t end) {
     auto t0 = clock_type::now();
     std::vector<dspark_token> tok;
     std::vector<dspark_pos> pos;
@@ -420,7 +446,8 @@ void dspark_engine::verify(std::vector<plan> & plans) {
     std::vector<target_sampling_group> groups;
     std::vector<float> uniforms;
     const bool backend = params.backend_sampling && params.draft_mode == DSPARK_DRAFT_GREEDY_CHAIN;
-    for (plan & p : plans) {
+    for (size_t i = begin; i < end; ++i) {
+        plan & p = plans[i];
         p.row = (int) tok.size();
         const int k = (int) p.draft.size();
         tok.push_back(p.s->anchor);
@@ -454,7 +481,8 @@ void dspark_engine::verify(std::vector<plan> & plans) {
     } guard_draft(dft ? &dft->compute : nullptr);
     // accept per sequence; the features of committed positions wait for the next proposal
     const int width = dft ? (int) (dft->hp().target_layers.size() * dft->hp().n_embd) : 0;
-    for (plan & p : plans) {
+    for (size_t i = begin; i < end; ++i) {
+        plan & p = plans[i];
         const bool rejection = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !p.s->sp.greedy() && !p.q_logits.empty();
         std::vector<dspark_token> emitted = rejection ? accept_rejection(p) : accept_greedy_chain(p);
         if (!rejection && !p.s->sp.greedy()) {
@@ -463,7 +491,6 @@ void dspark_engine::verify(std::vector<plan> & plans) {
         const int accepted = (int) emitted.size() - 1;  // the last token is always the target's own
         const int n_past = p.s->n_past;
         commit(p, emitted, accepted);
-        p.s->stats.t_verify_ms += t_verify / plans.size();
         if (dft && p.s->status == DSPARK_SEQ_ACTIVE) {
             const int keep = p.s->n_past - n_past;  // the anchor and the accepted drafts
             const float * rows = tgt.captured.data() + (size_t) p.row * width;
@@ -474,6 +501,7 @@ void dspark_engine::verify(std::vector<plan> & plans) {
         }
     }
     total.t_host_ms += ms_since(t0);
+    return t_verify;
 }
 
 // Sample the target row by row and keep the drafts it agrees with (llama.cpp's rule). Greedy rows
