@@ -347,7 +347,8 @@ struct dspark_propose_params {
     int32_t  markov_top_k; /* > 0: add the Markov bias to each slot's top-k base candidates only (argmax
                               drafting): k rows of the Markov W2 per slot instead of all; 0 = exact */
     float    temperature;  /* > 0 with sample: Gumbel-max sampling of each slot (and of the Markov chain) */
-    uint64_t seed;         /* noise seed when sampling */
+    uint64_t seed;         /* noise seed when sampling: each block draws from its own stream of this
+                              seed and its sequence id, whatever else is proposed with it */
     bool     sample;       /* false: argmax chain (default) */
     bool     want_logits;  /* also return each drafted slot's full-vocabulary logits */
 };

@@ -122,8 +122,14 @@ void dspark_draft_context::validate_propose(const dspark_propose_request & r, st
                      r.n_draft, hp().max_draft(), hp().block_size,
                      hp().first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
     }
-    if (r.pick.sample && !(r.pick.temperature > 0.0f)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a temperature > 0");
+    if (r.pick.sample && (!r.temperatures || !r.seeds)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a temperature and a seed per block");
+    }
+    for (int32_t i = 0; r.pick.sample && i < r.n_seqs; ++i) {
+        if (!(r.temperatures[i] >= 0.0f) || !std::isfinite(r.temperatures[i])) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "temperature %g of block %d: must be finite and >= 0",
+                         (double) r.temperatures[i], i);
+        }
     }
     std::set<int32_t> seen;
     const int B = block_len(r.n_draft);
@@ -184,14 +190,20 @@ void dspark_draft_context::propose(const dspark_propose_request & r) {
     kv.release(block_slots);
 }
 
-// Gumbel(0, 1) noise for Gumbel-max sampling, from a seeded generator.
-static void fill_gumbel(std::vector<float> & out, uint64_t seed) {
+// T · Gumbel(0, 1) noise for Gumbel-max sampling at temperature T, of block b in a noise tensor
+// [Vd, n_blocks, P], from the block's own seeded generator (slot-major); T = 0 leaves zeros (argmax).
+static void fill_gumbel(std::vector<float> & out, int Vd, int n_blocks, int P, int b, float T, uint64_t seed) {
+    if (T == 0.0f) {
+        return;
+    }
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<double> u(0.0, 1.0);
-    for (float & x : out) {
-        double v = u(rng);
-        v = std::min(std::max(v, 1e-20), 1.0 - 1e-12);
-        x = (float) -std::log(-std::log(v));
+    for (int j = 0; j < P; ++j) {
+        float * x = out.data() + ((size_t) j * n_blocks + b) * Vd;
+        for (int v = 0; v < Vd; ++v) {
+            const double d = std::min(std::max(u(rng), 1e-20), 1.0 - 1e-12);
+            x[v] = T * (float) -std::log(-std::log(d));
+        }
     }
 }
 
@@ -243,8 +255,10 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
         dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
     }
     if (io.noise) {
-        std::vector<float> noise(ggml_nelements(io.noise));
-        fill_gumbel(noise, r.seed);
+        std::vector<float> noise(ggml_nelements(io.noise), 0.0f);
+        for (int32_t b = 0; b < r.n_seqs; ++b) {
+            fill_gumbel(noise, (int) io.noise->ne[0], r.n_seqs, P, b, r.temperatures[b], r.seeds[b]);
+        }
         dspark_set_input(io.noise, noise.data(), noise.size() * sizeof(float));
     }
 

@@ -318,7 +318,18 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
         dft->inject(inj_feat.data() + done * width, m, width, inj_pos.data() + done, inj_seq.data() + done);
         done += m;
     }
-    const bool sampled = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !plans[which[0]].s->sp.greedy();
+    // Probabilistic drafting: each sampled sequence drafts at its own temperature from noise of its
+    // own stream (a greedy one at 0: argmax), so its block does not depend on its neighbours.
+    std::vector<float> temps;
+    std::vector<uint64_t> seeds;
+    bool sampled = false;
+    for (size_t i : which) {
+        dspark_seq_state & s = *plans[i].s;
+        const bool own = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !s.sp.greedy();
+        temps.push_back(own ? s.sp.temperature : 0.0f);
+        seeds.push_back(own ? s.aux() : 0);
+        sampled = sampled || own;
+    }
     dspark_propose_request r;
     r.n_inject = (int32_t) (inj_pos.size() - done);
     r.inject_features = inj_feat.data() + done * width;
@@ -331,9 +342,9 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     r.n_draft = n_draft;  // every block has the same length; budgets cut afterwards
     r.want_logits = sampled;
     r.pick.sample = sampled;
-    r.pick.temperature = sampled ? plans[which[0]].s->sp.temperature : 1.0f;
     r.pick.markov_top_k = params.markov_top_k;
-    r.seed = sampled ? plans[which[0]].s->aux() : 0;
+    r.temperatures = temps.data();
+    r.seeds = seeds.data();
     dft->propose(r);
     for (size_t i : which) {
         plans[i].s->pending_feat.clear();
@@ -361,7 +372,7 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
         if (conf) {
             p.conf.assign(conf, conf + k);
         }
-        if (sampled) {
+        if (temps[w] > 0.0f) {
             p.q_logits.assign(dft->logits.begin() + (size_t) w * n_draft * V, dft->logits.begin() + ((size_t) w * n_draft + k) * V);
         }
     }

@@ -180,6 +180,13 @@ size_t dspark_sampler_graph_size() {
 
 // ---- random stream ------------------------------------------------------------------------------
 
+uint64_t dspark_mix_seed(uint64_t seed, uint64_t stream) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (stream + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
 static float draw(std::mt19937 & g) {
     return (float) std::uniform_real_distribution<double>(0.0, 1.0)(g);
 }

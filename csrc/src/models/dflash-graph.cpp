@@ -89,13 +89,10 @@ static ggml_tensor * to_target_ids(ggml_context * ctx, ggml_tensor * ids, ggml_t
     return ggml_reshape_1d(ctx, t, t->ne[1]);
 }
 
-// The token a slot proposes: argmax of its logits [Vd, n_blocks], or a Gumbel-max sample.
-static ggml_tensor * pick_tokens(const dspark_graph & g, ggml_tensor * logits, ggml_tensor * noise, const dflash_pick & pick) {
-    if (!pick.sample) {
-        return ggml_argmax(g.ctx, logits);
-    }
-    ggml_tensor * z = ggml_add(g.ctx, ggml_scale(g.ctx, logits, 1.0f / pick.temperature), noise);
-    return ggml_argmax(g.ctx, z);
+// The token a slot proposes: argmax of its logits [Vd, n_blocks], or a Gumbel-max sample (the
+// noise carries each block's temperature, see dflash_pick).
+static ggml_tensor * pick_tokens(const dspark_graph & g, ggml_tensor * logits, ggml_tensor * noise) {
+    return ggml_argmax(g.ctx, noise ? ggml_add(g.ctx, logits, noise) : logits);
 }
 
 // What W2 multiplies for one slot, from e = W1[prev] [R, n_blocks], the slot's final hidden state
@@ -148,7 +145,7 @@ static ggml_tensor * confidence(const dspark_graph & g, const dflash_model & m, 
 // as a strided view of the token input. Returns the biased logits (when asked for) [Vd, P·n_blocks].
 static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m, dflash_block_graph & io,
                                   ggml_tensor * logits, ggml_tensor * hid, ggml_tensor * d2t_i32, int P, int n_blocks,
-                                  int block_len, bool want_logits, const dflash_pick & pick) {
+                                  int block_len, bool want_logits) {
     ggml_context * ctx = g.ctx;
     ggml_tensor * prev = chain_anchors(ctx, io, n_blocks, block_len);
     ggml_tensor * s = chain_state(ctx, m, n_blocks);
@@ -163,7 +160,7 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
         }
         ggml_tensor * noise = io.noise ? ggml_view_2d(ctx, io.noise, io.noise->ne[0], n_blocks, io.noise->nb[1],
                                                       io.noise->nb[2] * j) : nullptr;
-        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(g, biased, noise, pick), d2t_i32);  // [n_blocks]
+        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(g, biased, noise), d2t_i32);  // [n_blocks]
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
         prev = tok;
@@ -260,11 +257,11 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
     if (markov && top_k > 0 && !pick.sample && !want_logits) {
         markov_chain_top_k(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, top_k);
     } else if (markov) {
-        logits = markov_chain(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits, pick);
+        logits = markov_chain(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits);
     } else {
         ggml_tensor * noise = io.noise ? ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, io.noise, 0, 2, 1, 3)),
                                                          hp.n_vocab_draft, (int64_t) P * n_blocks) : nullptr;
-        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(g, logits, noise, pick), d2t_i32);  // [P·n_blocks]
+        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(g, logits, noise), d2t_i32);  // [P·n_blocks]
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
     }
