@@ -15,7 +15,7 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     params = dspark_resolve_context_params(p, hp().n_ctx_train);
     // a block of every sequence must fit next to a full context: its cells are temporary
     const uint32_t n_cells = params.n_ctx + params.n_seq_max * (uint32_t) hp().block_size;
-    compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 48);
+    compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 128);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
     kv.init(ggml_backend_get_default_buffer_type(compute.backend), hp().n_layer, hp().n_embd_kv(), hp().n_embd_kv(), kv_type, n_cells, params.n_seq_max);
     flash_attn = params.flash_attn != DSPARK_FLASH_ATTN_OFF;  // CPU and GPU backends run it for these shapes
@@ -122,13 +122,15 @@ void dspark_draft_context::validate_propose(const dspark_propose_request & r, st
                      r.n_draft, hp().max_draft(), hp().block_size,
                      hp().first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
     }
-    if (r.pick.sample && (!r.temperatures || !r.seeds)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a temperature and a seed per block");
+    if (r.pick.sample && (!r.samplers || !r.seeds)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a sampler and a seed per block");
     }
     for (int32_t i = 0; r.pick.sample && i < r.n_seqs; ++i) {
-        if (!(r.temperatures[i] >= 0.0f) || !std::isfinite(r.temperatures[i])) {
-            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "temperature %g of block %d: must be finite and >= 0",
-                         (double) r.temperatures[i], i);
+        const dspark_sampler_params & sp = r.samplers[i];
+        if (!(sp.temperature >= 0.0f) || !std::isfinite(sp.temperature) || sp.top_k < 0 || !(sp.top_p > 0.0f && sp.top_p <= 1.0f) ||
+            !(sp.min_p >= 0.0f && sp.min_p <= 1.0f)) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampler of block %d: need a finite temperature >= 0, top_k >= 0, "
+                         "0 < top_p <= 1, 0 <= min_p <= 1", i);
         }
     }
     std::set<int32_t> seen;
@@ -257,9 +259,20 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
     if (io.noise) {
         std::vector<float> noise(ggml_nelements(io.noise), 0.0f);
         for (int32_t b = 0; b < r.n_seqs; ++b) {
-            fill_gumbel(noise, (int) io.noise->ne[0], r.n_seqs, P, b, r.temperatures[b], r.seeds[b]);
+            fill_gumbel(noise, (int) io.noise->ne[0], r.n_seqs, P, b, r.samplers[b].temperature, r.seeds[b]);
         }
         dspark_set_input(io.noise, noise.data(), noise.size() * sizeof(float));
+    }
+
+    if (io.filter) {
+        std::vector<float> filt((size_t) 3 * P * r.n_seqs);
+        for (int32_t b = 0; b < r.n_seqs; ++b) {
+            const dspark_sampler_params & sp = r.samplers[b];
+            for (int j = 0; j < P; ++j) {
+                dflash_filter_row(filt.data() + 3 * ((size_t) b * P + j), sp.top_k, sp.top_p, sp.min_p, hp().n_vocab_draft);
+            }
+        }
+        dspark_set_input(io.filter, filt.data(), filt.size() * sizeof(float));
     }
 
     compute.compute(gf);

@@ -320,15 +320,17 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     }
     // Probabilistic drafting: each sampled sequence drafts at its own temperature from noise of its
     // own stream (a greedy one at 0: argmax), so its block does not depend on its neighbours.
-    std::vector<float> temps;
+    // Its top-k / top-p / min-p filter the draft's logits too: q then has the support of p.
+    std::vector<dspark_sampler_params> samplers;
     std::vector<uint64_t> seeds;
-    bool sampled = false;
+    bool sampled = false, filtered = false;
     for (size_t i : which) {
         dspark_seq_state & s = *plans[i].s;
         const bool own = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !s.sp.greedy();
-        temps.push_back(own ? s.sp.temperature : 0.0f);
+        samplers.push_back(own ? s.sp : dspark_sampler_params());
         seeds.push_back(own ? s.aux() : 0);
         sampled = sampled || own;
+        filtered = filtered || (own && s.sp.sorts(dft->hp().n_vocab_draft));
     }
     dspark_propose_request r;
     r.n_inject = (int32_t) (inj_pos.size() - done);
@@ -342,8 +344,9 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     r.n_draft = n_draft;  // every block has the same length; budgets cut afterwards
     r.want_logits = sampled;
     r.pick.sample = sampled;
+    r.pick.filter = filtered;
     r.pick.markov_top_k = params.markov_top_k;
-    r.temperatures = temps.data();
+    r.samplers = samplers.data();
     r.seeds = seeds.data();
     dft->propose(r);
     for (size_t i : which) {
@@ -372,7 +375,7 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
         if (conf) {
             p.conf.assign(conf, conf + k);
         }
-        if (temps[w] > 0.0f) {
+        if (!samplers[w].greedy()) {
             p.q_logits.assign(dft->logits.begin() + (size_t) w * n_draft * V, dft->logits.begin() + ((size_t) w * n_draft + k) * V);
         }
     }

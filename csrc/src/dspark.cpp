@@ -697,7 +697,9 @@ int32_t dspark_draft_propose(struct dspark_draft_context * dctx, int32_t n_seqs,
         // one temperature for all; each block's noise from the seed and its sequence id, so that
         // a sequence's block is the same whatever else is proposed with it
         const int32_t n = std::max(n_seqs, 0);
-        std::vector<float> temps(n, p.temperature);
+        dspark_sampler_params sp;
+        sp.temperature = p.temperature;
+        std::vector<dspark_sampler_params> samplers(n, sp);
         std::vector<uint64_t> seeds(n);
         for (int32_t i = 0; i < n && seq_ids; ++i) {
             seeds[i] = dspark_mix_seed(p.seed, (uint64_t) seq_ids[i]);
@@ -705,7 +707,7 @@ int32_t dspark_draft_propose(struct dspark_draft_context * dctx, int32_t n_seqs,
         if (p.sample && !(p.temperature > 0.0f)) {
             dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a temperature > 0");
         }
-        r.temperatures = temps.data();
+        r.samplers = samplers.data();
         r.seeds = seeds.data();
         dctx->propose(r);
         return DSPARK_STATUS_OK;
