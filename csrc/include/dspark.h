@@ -374,7 +374,7 @@ DSPARK_API const float * dspark_draft_get_logits(const struct dspark_draft_conte
  * then top_p and min_p filter on the softmax at temperature 1, then a softmax at the temperature
  * and a draw against one uniform number. 0 / 1.0 / 0.0 turn top_k / top_p / min_p off. */
 struct dspark_sampling_params {
-    float    temperature; /* default 0 (greedy) */
+    float    temperature; /* default 0 (greedy); must be finite: inf and NaN are refused */
     int32_t  top_k;       /* default 0 (off) */
     float    top_p;       /* default 1.0 (off) */
     float    min_p;       /* default 0.0 (off) */

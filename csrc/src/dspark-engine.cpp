@@ -50,6 +50,13 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
         DSPARK_LOG_WARN("n_max %d clamped to %d: the draft's block_size is %d (%s)", params.n_max, n_draft, dh.block_size,
                         dh.first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
     }
+    // a context too small for a whole block (n_batch = min(n_batch, n_ctx)) verifies shorter ones,
+    // so that it still generates (and refuses a long prompt as too long, not as a batch problem)
+    if ((uint32_t) n_draft + 1 > tgt.params.n_batch) {
+        DSPARK_LOG_WARN("n_max %d clamped to %u: the target context's n_batch is %u", n_draft, tgt.params.n_batch - 1,
+                        tgt.params.n_batch);
+        n_draft = (int32_t) tgt.params.n_batch - 1;
+    }
     params.n_min = std::min(params.n_min, n_draft);
     if (params.p_min > 0.0f && dh.markov != markov_head::none && !dh.has_confidence) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "this DSpark draft has no confidence head: set p_min = 0");

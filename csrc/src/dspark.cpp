@@ -744,8 +744,19 @@ struct dspark_sampling_params dspark_sampling_default_params(void) {
 }
 
 static dspark_sampler_params sampler_of(const dspark_sampling_params & p) {
-    if (p.top_k < 0 || !(p.top_p > 0.0f && p.top_p <= 1.0f) || !(p.min_p >= 0.0f && p.min_p <= 1.0f) || std::isnan(p.temperature)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: need top_k >= 0, 0 < top_p <= 1, 0 <= min_p <= 1");
+    // each bad value by name; inf is refused like NaN (1/inf scales every logit to 0)
+    if (!std::isfinite(p.temperature)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: temperature must be finite (0 or less = greedy), got %g",
+                     (double) p.temperature);
+    }
+    if (p.top_k < 0) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: top_k must be >= 0, got %d", p.top_k);
+    }
+    if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: top_p must be in (0, 1], got %g", (double) p.top_p);
+    }
+    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: min_p must be in [0, 1], got %g", (double) p.min_p);
     }
     dspark_sampler_params s;
     s.temperature = p.temperature;
