@@ -104,10 +104,12 @@ DSPARK_API void dspark_log_set(dspark_log_callback callback, void * user_data);
 
 /* Weight quantization with ggml's own kernels, by type name ("f16", "q8_0", "q4_k", ...):
  * the byte size of n_rows rows of n_per_row values, quantize (returns bytes written), and
- * dequantize n values. Negative status on an unknown type or a row length the type cannot hold. */
+ * dequantize n values from the src_size bytes at src. Negative status on an unknown type, a type
+ * with no float conversion (i8 .. i64, f64), a row length the type cannot hold, or a source
+ * buffer shorter than n values of the type. */
 DSPARK_API int64_t dspark_quant_size(const char * type, int64_t n_rows, int64_t n_per_row);
 DSPARK_API int64_t dspark_quantize(const char * type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row);
-DSPARK_API int32_t dspark_dequantize(const char * type, const void * src, float * dst, int64_t n);
+DSPARK_API int32_t dspark_dequantize(const char * type, const void * src, size_t src_size, float * dst, int64_t n);
 
 /* ---- devices ------------------------------------------------------------------------------ */
 
@@ -349,7 +351,8 @@ struct dspark_propose_params {
     int32_t  markov_top_k; /* > 0: add the Markov bias to each slot's top-k base candidates only (argmax
                               drafting): k rows of the Markov W2 per slot instead of all; 0 = exact */
     float    temperature;  /* > 0 with sample: Gumbel-max sampling of each slot (and of the Markov chain) */
-    uint64_t seed;         /* noise seed when sampling */
+    uint64_t seed;         /* noise seed when sampling: each block draws from its own stream of this
+                              seed and its sequence id, whatever else is proposed with it */
     bool     sample;       /* false: argmax chain (default) */
     bool     want_logits;  /* also return each drafted slot's full-vocabulary logits */
 };
@@ -375,7 +378,7 @@ DSPARK_API const float * dspark_draft_get_logits(const struct dspark_draft_conte
  * then top_p and min_p filter on the softmax at temperature 1, then a softmax at the temperature
  * and a draw against one uniform number. 0 / 1.0 / 0.0 turn top_k / top_p / min_p off. */
 struct dspark_sampling_params {
-    float    temperature; /* default 0 (greedy) */
+    float    temperature; /* default 0 (greedy); must be finite: inf and NaN are refused */
     int32_t  top_k;       /* default 0 (off) */
     float    top_p;       /* default 1.0 (off) */
     float    min_p;       /* default 0.0 (off) */

@@ -2,6 +2,7 @@
 
 #include "dspark-backend.h"
 #include "dspark-impl.h"
+#include "dspark-sampler.h"
 #include "models/target-graph.h"
 
 #include <algorithm>
@@ -70,8 +71,10 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     const uint32_t per_seq = params.n_outputs_max_per_seq ? params.n_outputs_max_per_seq : params.n_batch;
     n_outputs_max = std::min<uint32_t>(params.n_batch, per_seq * params.n_seq_max);
 
-    // MoE and Gemma-4 layers take about twice the nodes of a plain one
-    compute.init(model.device(), params.n_threads, (size_t) 256 + (size_t) hp().n_layer * 128);
+    // node budget: the layers (MoE and Gemma-4 layers take about twice the nodes of a plain one),
+    // plus an in-graph sampler per sequence (engine backend sampling)
+    compute.init(model.device(), params.n_threads,
+                 (size_t) 256 + (size_t) hp().n_layer * 128 + (size_t) params.n_seq_max * dspark_sampler_graph_size());
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
     kv.init(ggml_backend_get_default_buffer_type(compute.backend), model.target->kv_widths(), kv_type, params.n_ctx,
             params.n_seq_max);

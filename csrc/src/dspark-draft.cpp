@@ -15,7 +15,7 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     params = dspark_resolve_context_params(p, hp().n_ctx_train);
     // a block of every sequence must fit next to a full context: its cells are temporary
     const uint32_t n_cells = params.n_ctx + params.n_seq_max * (uint32_t) hp().block_size;
-    compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 48);
+    compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 128);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
     kv.init(ggml_backend_get_default_buffer_type(compute.backend), std::vector<int64_t>(hp().n_layer, hp().n_embd_kv()), kv_type,
             n_cells, params.n_seq_max);
@@ -123,8 +123,16 @@ void dspark_draft_context::validate_propose(const dspark_propose_request & r, st
                      r.n_draft, hp().max_draft(), hp().block_size,
                      hp().first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
     }
-    if (r.pick.sample && !(r.pick.temperature > 0.0f)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a temperature > 0");
+    if (r.pick.sample && (!r.samplers || !r.seeds)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a sampler and a seed per block");
+    }
+    for (int32_t i = 0; r.pick.sample && i < r.n_seqs; ++i) {
+        const dspark_sampler_params & sp = r.samplers[i];
+        if (!(sp.temperature >= 0.0f) || !std::isfinite(sp.temperature) || sp.top_k < 0 || !(sp.top_p > 0.0f && sp.top_p <= 1.0f) ||
+            !(sp.min_p >= 0.0f && sp.min_p <= 1.0f)) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampler of block %d: need a finite temperature >= 0, top_k >= 0, "
+                         "0 < top_p <= 1, 0 <= min_p <= 1", i);
+        }
     }
     std::set<int32_t> seen;
     const int B = block_len(r.n_draft);
@@ -185,14 +193,20 @@ void dspark_draft_context::propose(const dspark_propose_request & r) {
     kv.release(block_slots);
 }
 
-// Gumbel(0, 1) noise for Gumbel-max sampling, from a seeded generator.
-static void fill_gumbel(std::vector<float> & out, uint64_t seed) {
+// T · Gumbel(0, 1) noise for Gumbel-max sampling at temperature T, of block b in a noise tensor
+// [Vd, n_blocks, P], from the block's own seeded generator (slot-major); T = 0 leaves zeros (argmax).
+static void fill_gumbel(std::vector<float> & out, int Vd, int n_blocks, int P, int b, float T, uint64_t seed) {
+    if (T == 0.0f) {
+        return;
+    }
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<double> u(0.0, 1.0);
-    for (float & x : out) {
-        double v = u(rng);
-        v = std::min(std::max(v, 1e-20), 1.0 - 1e-12);
-        x = (float) -std::log(-std::log(v));
+    for (int j = 0; j < P; ++j) {
+        float * x = out.data() + ((size_t) j * n_blocks + b) * Vd;
+        for (int v = 0; v < Vd; ++v) {
+            const double d = std::min(std::max(u(rng), 1e-20), 1.0 - 1e-12);
+            x[v] = T * (float) -std::log(-std::log(d));
+        }
     }
 }
 
@@ -244,9 +258,22 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
         dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
     }
     if (io.noise) {
-        std::vector<float> noise(ggml_nelements(io.noise));
-        fill_gumbel(noise, r.seed);
+        std::vector<float> noise(ggml_nelements(io.noise), 0.0f);
+        for (int32_t b = 0; b < r.n_seqs; ++b) {
+            fill_gumbel(noise, (int) io.noise->ne[0], r.n_seqs, P, b, r.samplers[b].temperature, r.seeds[b]);
+        }
         dspark_set_input(io.noise, noise.data(), noise.size() * sizeof(float));
+    }
+
+    if (io.filter) {
+        std::vector<float> filt((size_t) 3 * P * r.n_seqs);
+        for (int32_t b = 0; b < r.n_seqs; ++b) {
+            const dspark_sampler_params & sp = r.samplers[b];
+            for (int j = 0; j < P; ++j) {
+                dflash_filter_row(filt.data() + 3 * ((size_t) b * P + j), sp.top_k, sp.top_p, sp.min_p, hp().n_vocab_draft);
+            }
+        }
+        dspark_set_input(io.filter, filt.data(), filt.size() * sizeof(float));
     }
 
     compute.compute(gf);

@@ -5,6 +5,7 @@
 #include "dspark.h"
 #include "dspark-compute.h"
 #include "dspark-kv-cache.h"
+#include "dspark-sampler.h"
 #include "dspark-model.h"
 #include "models/dflash-graph.h"
 
@@ -20,7 +21,11 @@ struct dspark_propose_request {
     int32_t               n_draft = 0;        // tokens to propose per sequence (same for all)
     bool                  want_logits = false;
     dflash_pick           pick;               // argmax, or Gumbel-max sampling
-    uint64_t              seed = 0;           // noise seed when sampling
+    // With pick.sample, per block: its sampler (temperature 0 = argmax; top_k / top_p / min_p
+    // filter the draft's logits when pick.filter) and the seed of its own noise stream, so a
+    // block's draw depends on nothing else in the call. [n_seqs] each.
+    const dspark_sampler_params * samplers = nullptr;
+    const uint64_t *      seeds = nullptr;
     // Target features to inject first, in the same graph (the positions committed since the last
     // propose): rows [n_inject][width] at (inject_pos, inject_seq). They stay in the cache.
     int32_t               n_inject = 0;

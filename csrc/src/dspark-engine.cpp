@@ -54,6 +54,13 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
         DSPARK_LOG_WARN("n_max %d clamped to %d: the draft's block_size is %d (%s)", params.n_max, n_draft, dh.block_size,
                         dh.first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
     }
+    // a context too small for a whole block (n_batch = min(n_batch, n_ctx)) verifies shorter ones,
+    // so that it still generates (and refuses a long prompt as too long, not as a batch problem)
+    if ((uint32_t) n_draft + 1 > tgt.params.n_batch) {
+        DSPARK_LOG_WARN("n_max %d clamped to %u: the target context's n_batch is %u", n_draft, tgt.params.n_batch - 1,
+                        tgt.params.n_batch);
+        n_draft = (int32_t) tgt.params.n_batch - 1;
+    }
     params.n_min = std::min(params.n_min, n_draft);
     if (params.p_min > 0.0f && dh.markov != markov_head::none && !dh.has_confidence) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "this DSpark draft has no confidence head: set p_min = 0");
@@ -322,7 +329,20 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
         dft->inject(inj_feat.data() + done * width, m, width, inj_pos.data() + done, inj_seq.data() + done);
         done += m;
     }
-    const bool sampled = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !plans[which[0]].s->sp.greedy();
+    // Probabilistic drafting: each sampled sequence drafts at its own temperature from noise of its
+    // own stream (a greedy one at 0: argmax), so its block does not depend on its neighbours.
+    // Its top-k / top-p / min-p filter the draft's logits too: q then has the support of p.
+    std::vector<dspark_sampler_params> samplers;
+    std::vector<uint64_t> seeds;
+    bool sampled = false, filtered = false;
+    for (size_t i : which) {
+        dspark_seq_state & s = *plans[i].s;
+        const bool own = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !s.sp.greedy();
+        samplers.push_back(own ? s.sp : dspark_sampler_params());
+        seeds.push_back(own ? s.aux() : 0);
+        sampled = sampled || own;
+        filtered = filtered || (own && s.sp.sorts(dft->hp().n_vocab_draft));
+    }
     dspark_propose_request r;
     r.n_inject = (int32_t) (inj_pos.size() - done);
     r.inject_features = inj_feat.data() + done * width;
@@ -335,9 +355,10 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     r.n_draft = n_draft;  // every block has the same length; budgets cut afterwards
     r.want_logits = sampled;
     r.pick.sample = sampled;
-    r.pick.temperature = sampled ? plans[which[0]].s->sp.temperature : 1.0f;
+    r.pick.filter = filtered;
     r.pick.markov_top_k = params.markov_top_k;
-    r.seed = sampled ? plans[which[0]].s->aux() : 0;
+    r.samplers = samplers.data();
+    r.seeds = seeds.data();
     dft->propose(r);
     for (size_t i : which) {
         plans[i].s->pending_feat.clear();
@@ -365,7 +386,7 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
         if (conf) {
             p.conf.assign(conf, conf + k);
         }
-        if (sampled) {
+        if (!samplers[w].greedy()) {
             p.q_logits.assign(dft->logits.begin() + (size_t) w * n_draft * V, dft->logits.begin() + ((size_t) w * n_draft + k) * V);
         }
     }
@@ -416,7 +437,33 @@ void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
     }
 }
 
+// Verify every plan's block with the target, in as few decodes as n_batch allows: a step of many
+// sequences can exceed one batch (n_seq_max x (n_draft + 1) > n_batch), so consecutive plans are
+// grouped into chunks of at most n_batch rows. Only the first chunk's decode can be aborted: once
+// a chunk has committed, the rest of the step runs to the end, so a step is all or nothing.
 void dspark_engine::verify(std::vector<plan> & plans) {
+    const size_t n_batch = tgt.params.n_batch;
+    double t_verify = 0.0;
+    struct restore_abort {
+        dspark_compute & c;
+        ~restore_abort() { c.abortable = true; }
+    } restore{tgt.compute};
+    for (size_t begin = 0; begin < plans.size();) {
+        size_t end = begin, rows = 0;
+        while (end < plans.size() && (end == begin || rows + plans[end].draft.size() + 1 <= n_batch)) {
+            rows += plans[end++].draft.size() + 1;  // one block always fits (checked at setup)
+        }
+        tgt.compute.abortable = begin == 0;
+        t_verify += verify_chunk(plans, begin, end);
+        begin = end;
+    }
+    for (plan & p : plans) {
+        p.s->stats.t_verify_ms += t_verify / plans.size();
+    }
+}
+
+// Decode plans [begin, end) in one target batch, then accept and commit each of them.
+double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size_t end) {
     auto t0 = clock_type::now();
     std::vector<dspark_token> tok;
     std::vector<dspark_pos> pos;
@@ -424,7 +471,8 @@ void dspark_engine::verify(std::vector<plan> & plans) {
     std::vector<target_sampling_group> groups;
     std::vector<float> uniforms;
     const bool backend = params.backend_sampling && params.draft_mode == DSPARK_DRAFT_GREEDY_CHAIN;
-    for (plan & p : plans) {
+    for (size_t i = begin; i < end; ++i) {
+        plan & p = plans[i];
         p.row = (int) tok.size();
         const int k = (int) p.draft.size();
         tok.push_back(p.s->anchor);
@@ -458,7 +506,8 @@ void dspark_engine::verify(std::vector<plan> & plans) {
     } guard_draft(dft ? &dft->compute : nullptr);
     // accept per sequence; the features of committed positions wait for the next proposal
     const int width = dft ? (int) (dft->hp().target_layers.size() * dft->hp().n_embd) : 0;
-    for (plan & p : plans) {
+    for (size_t i = begin; i < end; ++i) {
+        plan & p = plans[i];
         const bool rejection = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !p.s->sp.greedy() && !p.q_logits.empty();
         std::vector<dspark_token> emitted = rejection ? accept_rejection(p) : accept_greedy_chain(p);
         if (!rejection && !p.s->sp.greedy()) {
@@ -467,7 +516,6 @@ void dspark_engine::verify(std::vector<plan> & plans) {
         const int accepted = (int) emitted.size() - 1;  // the last token is always the target's own
         const int n_past = p.s->n_past;
         commit(p, emitted, accepted);
-        p.s->stats.t_verify_ms += t_verify / plans.size();
         if (dft && p.s->status == DSPARK_SEQ_ACTIVE) {
             const int keep = p.s->n_past - n_past;  // the anchor and the accepted drafts
             const float * rows = tgt.captured.data() + (size_t) p.row * width;
@@ -478,6 +526,7 @@ void dspark_engine::verify(std::vector<plan> & plans) {
         }
     }
     total.t_host_ms += ms_since(t0);
+    return t_verify;
 }
 
 // Sample the target row by row and keep the drafts it agrees with (llama.cpp's rule). Greedy rows

@@ -62,6 +62,7 @@ struct dspark_engine {
     void draft_blocks(std::vector<plan> & plans);
     void schedule_by_confidence(std::vector<plan> & plans) const;
     void verify(std::vector<plan> & plans);
+    double verify_chunk(std::vector<plan> & plans, size_t begin, size_t end);
     std::vector<dspark_token> accept_greedy_chain(plan & p) const;
     std::vector<dspark_token> accept_rejection(plan & p);
     void commit(plan & p, const std::vector<dspark_token> & out, int n_drafted_accepted);

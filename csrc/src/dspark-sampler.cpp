@@ -154,7 +154,38 @@ ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggm
     return ggml_reshape_1d(ctx, dspark_gather_cols(ctx, ids, idx), r);
 }
 
+size_t dspark_sampler_graph_size() {
+    static const size_t n = [] {
+        // counted on a real build of the chain, so it follows any change to it
+        const size_t slots = 256;
+        ggml_init_params ip = { /*.mem_size =*/ slots * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+        ggml_context * ctx = ggml_init(ip);
+        ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 2);
+        ggml_tensor * u = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, 2);
+        dspark_sampler_params p;
+        p.temperature = 1.0f;
+        p.top_k = 4;
+        p.top_p = 0.9f;
+        p.min_p = 0.1f;
+        dspark_build_sampler(ctx, ggml_view_2d(ctx, logits, 8, 2, logits->nb[1], 0), ggml_view_2d(ctx, u, 1, 2, u->nb[1], 0), p);
+        size_t count = 0;
+        for (ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
+            count++;
+        }
+        ggml_free(ctx);
+        return count - 2;  // the logits and uniforms exist once per graph, not per sampler
+    }();
+    return n;
+}
+
 // ---- random stream ------------------------------------------------------------------------------
+
+uint64_t dspark_mix_seed(uint64_t seed, uint64_t stream) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (stream + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
 
 static float draw(std::mt19937 & g) {
     return (float) std::uniform_real_distribution<double>(0.0, 1.0)(g);

@@ -43,6 +43,14 @@ int32_t dspark_argmax(const float * logits, int n_vocab);
 // In-graph: sample each column of logits [V, r] with the uniforms u [1, r]; returns I32 [r].
 ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, const dspark_sampler_params & p);
 
+// Graph tensors one in-graph sampler (the worst case: top-k, top-p and min-p all on) adds, with the
+// two views that select its rows: what a graph's node budget must reserve per sampled sequence.
+size_t dspark_sampler_graph_size();
+
+// A seed for stream `stream` of a seeded family (splitmix64 of both): distinct, well-spread seeds
+// for different streams of one seed.
+uint64_t dspark_mix_seed(uint64_t seed, uint64_t stream);
+
 // A sequence's random stream (committed state + a scratch copy for one speculative step).
 struct dspark_rng {
     std::mt19937 committed;

@@ -24,7 +24,30 @@ dspark_weights::~dspark_weights() {
     }
 }
 
-ggml_tensor * dspark_weights::opt(const std::string & name, std::initializer_list<int64_t> ne) {
+// Types a matmul weight or embedding table may have: those ggml converts to float (and so
+// multiplies and gathers); integer types and f64 have no conversion.
+static bool is_matrix_type(ggml_type t) {
+    if (t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16 && !ggml_is_quantized(t)) {
+        return false;
+    }
+    return t == GGML_TYPE_F32 || ggml_get_type_traits(t)->to_float != nullptr;
+}
+
+void dspark_weights::check_type(const ggml_tensor * t, const std::string & name, int rank, ggml_type type) const {
+    const char * role = nullptr;
+    if (type != GGML_TYPE_COUNT) {
+        role = t->type == type ? nullptr : ggml_type_name(type);
+    } else if (rank <= 1) {
+        role = t->type == GGML_TYPE_F32 ? nullptr : "f32 (a norm weight, bias or scale)";
+    } else {
+        role = is_matrix_type(t->type) ? nullptr : "f32, f16, bf16 or a quantized type (a weight matrix)";
+    }
+    if (role) {
+        file->fail(DSPARK_STATUS_BAD_FORMAT, "tensor '" + name + "' has type " + ggml_type_name(t->type) + ", expected " + role);
+    }
+}
+
+ggml_tensor * dspark_weights::opt(const std::string & name, std::initializer_list<int64_t> ne, ggml_type type) {
     ggml_tensor * t = file->find_tensor(name);
     if (!t) {
         return nullptr;
@@ -41,12 +64,13 @@ ggml_tensor * dspark_weights::opt(const std::string & name, std::initializer_lis
                                                      shape_str(want, n));
         }
     }
+    check_type(t, name, n, type);
     used.insert(name);
     return t;
 }
 
-ggml_tensor * dspark_weights::req(const std::string & name, std::initializer_list<int64_t> ne) {
-    ggml_tensor * t = opt(name, ne);
+ggml_tensor * dspark_weights::req(const std::string & name, std::initializer_list<int64_t> ne, ggml_type type) {
+    ggml_tensor * t = opt(name, ne, type);
     if (!t) {
         file->fail(DSPARK_STATUS_BAD_FORMAT, "missing required tensor '" + name + "'");
     }
@@ -117,6 +141,18 @@ void dspark_weights::load_repacked(ggml_backend_buffer_type_t buft, const std::v
     n_repacked = tensors.size();
 }
 
+// Computing from the mapping needs the data section at an address the device's buffers allow
+// (ggml asserts it): a small or odd general.alignment can move it off that boundary.
+void dspark_weights::check_mmap_alignment() const {
+    const size_t align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(dev));
+    if (file->data_offset() % align != 0) {
+        file->fail(DSPARK_STATUS_BAD_FORMAT, "the tensor data starts at byte " + std::to_string(file->data_offset()) +
+                                                 ", not a multiple of " + std::to_string(align) + " (general.alignment " +
+                                                 std::to_string(gguf_get_alignment(file->gguf)) +
+                                                 "): it cannot be memory-mapped; load it with use_mmap off");
+    }
+}
+
 void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack, const std::set<std::string> & gathered) {
     dev = device;
     n_bytes = 0;
@@ -128,6 +164,12 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack,
     }
     if (file->n_tensors() == 0) {
         return;
+    }
+    ggml_backend_dev_props props;
+    ggml_backend_dev_get_props(dev, &props);
+    const bool from_map = use_mmap && props.caps.buffer_from_host_ptr;  // compute from the mapping
+    if (from_map) {
+        check_mmap_alignment();  // before anything is allocated
     }
     map.reset(new dspark_mmap(file->path));
 
@@ -146,9 +188,7 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack,
     }
     auto is_repacked = [&](ggml_tensor * t) { return std::find(repacked.begin(), repacked.end(), t) != repacked.end(); };
 
-    ggml_backend_dev_props props;
-    ggml_backend_dev_get_props(dev, &props);
-    if (use_mmap && props.caps.buffer_from_host_ptr) {
+    if (from_map) {
         // Compute straight from the mapped file: one host buffer over the data section.
         char * base = (char *) map->addr + file->data_offset();
         const size_t size = map->size - file->data_offset();

@@ -245,17 +245,32 @@ class LLM:
         request = self._request(prompt, with_options(sampling_params, options))
         return self._start([request])
 
-    def generate_batch(self, prompts: Sequence[Prompt], sampling_params: SamplingParams | None = None,
+    def generate_batch(self, prompts: Sequence[Prompt],
+                       sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                        **options: Unpack[SamplingOptions]) -> list[GenerationResult]:
         """Generate from several prompts, ``n_seq_max`` at a time, each verify step batching them.
 
-        Arguments and results as :meth:`generate`, one result per prompt in order. Greedy results
-        equal generate() on each prompt alone.
+        Arguments and results as :meth:`generate`, one result per prompt in order;
+        ``sampling_params`` may also be a list with one SamplingParams per prompt (as vLLM's
+        ``generate``), so mixed temperatures, seeds and stops share a batch; ``options`` override
+        fields of every one of them. A result depends only on its own prompt, parameters and
+        seed: it is the same as generate() on the prompt alone (greedy results token for token;
+        seeded sampled ones too, up to float rounding in batched matmuls).
         """
         if isinstance(prompts, str):
             raise TypeError("generate_batch() takes a list of prompts; for one prompt use generate()")
-        sampling = with_options(sampling_params, options)
-        requests = [self._request(p, sampling, index=i) for i, p in enumerate(prompts)]
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            per_prompt = [with_options(sampling_params, options)] * len(prompts)
+        else:
+            given = list(sampling_params)
+            if len(given) != len(prompts):
+                raise InvalidArgumentError(f"sampling_params has {len(given)} entries for {len(prompts)} prompts: "
+                                           "give one SamplingParams, or one per prompt")
+            if not all(isinstance(sp, SamplingParams) for sp in given):
+                raise TypeError("sampling_params takes a SamplingParams or a list of them")
+            per_prompt = [with_options(sp, options) for sp in given]
+        requests = [self._request(p, sp, index=i) for i, (p, sp) in enumerate(zip(prompts, per_prompt))]
         return self._collect(self._start(requests), requests)
 
     def chat(self, messages: Messages, sampling_params: SamplingParams | None = None,
