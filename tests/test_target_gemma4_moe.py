@@ -218,3 +218,20 @@ def test_qwen3moe_expert_counts_must_fit(models, tmp_path):
         bad = _corrupt(path, tmp_path / f"q{i}.gguf", set_keys={key: value})
         with pytest.raises(DSparkError, match=word):
             Model(bad)
+
+
+@pytest.mark.parametrize("case", ["gemma4-moe", "qwen3moe"])
+def test_repacked_expert_weights_compute_the_same(models, case, tmp_path):
+    """On the CPU the 3-D expert stacks are repacked for ggml_mul_mat_id like the 2-D weights."""
+    from dspark_ggml.convert import convert
+
+    hf_dir, _ = models(case)
+    path = tmp_path / f"{case}.q8_0.gguf"
+    convert(hf_dir, path, outtype="q8_0", progress=False)
+    prompt = [5, 17, 42, 99, 7, 12, 33, 60, 2, 11]
+    out = []
+    for repack in (True, False):
+        ctx = Context(Model(path, cpu_repack=repack), n_ctx=64, type_kv="f32", n_threads=1)
+        ctx.decode(prompt, outputs=np.ones(len(prompt), bool))
+        out.append(ctx.get_logits(copy=True))
+    assert np.abs(out[0] - out[1]).max() <= 1e-2 * np.abs(out[1]).max()
