@@ -353,7 +353,7 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     r.pos0 = pos0.data();
     r.seq_ids = ids.data();
     r.n_draft = n_draft;  // every block has the same length; budgets cut afterwards
-    r.want_logits = sampled;
+    r.keep_logits = sampled;  // read back one row only where a draft token is rejected
     r.pick.sample = sampled;
     r.pick.filter = filtered;
     r.pick.markov_top_k = params.markov_top_k;
@@ -387,7 +387,8 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
             p.conf.assign(conf, conf + k);
         }
         if (!samplers[w].greedy()) {
-            p.q_logits.assign(dft->logits.begin() + (size_t) w * n_draft * V, dft->logits.begin() + ((size_t) w * n_draft + k) * V);
+            p.q.assign(dft->probs.begin() + (size_t) w * n_draft, dft->probs.begin() + (size_t) w * n_draft + k);
+            p.draft_block = (int) w;
         }
     }
     if (params.schedule == DSPARK_SCHEDULE_CONFIDENCE) {
@@ -508,7 +509,7 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
     const int width = dft ? (int) (dft->hp().target_layers.size() * dft->hp().n_embd) : 0;
     for (size_t i = begin; i < end; ++i) {
         plan & p = plans[i];
-        const bool rejection = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !p.s->sp.greedy() && !p.q_logits.empty();
+        const bool rejection = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !p.s->sp.greedy() && !p.q.empty();
         std::vector<dspark_token> emitted = rejection ? accept_rejection(p) : accept_greedy_chain(p);
         if (!rejection && !p.s->sp.greedy()) {
             p.s->rng.advance((int) emitted.size());  // one committed draw per emitted token
@@ -547,6 +548,26 @@ std::vector<dspark_token> dspark_engine::accept_greedy_chain(plan & p) const {
     return out;
 }
 
+// q of draft slot j of block b at temperature T over the target vocabulary, from its (filtered,
+// Markov-biased) logits: softmax(l / T), 0 where the logits are -inf (unreachable ids).
+void dspark_engine::draft_q_row(int b, int j, float T, std::vector<float> & q) const {
+    const int V = dft->hp().n_vocab;
+    q.resize(V);
+    dft->logits_row(b, j, q.data());
+    float mx = -INFINITY;
+    for (int v = 0; v < V; ++v) {
+        mx = std::max(mx, q[v] / T);
+    }
+    double zs = 0.0;
+    for (int v = 0; v < V; ++v) {
+        q[v] = std::isfinite(q[v]) ? expf(q[v] / T - mx) : 0.0f;
+        zs += q[v];
+    }
+    for (float & x : q) {
+        x = (float) (x / zs);
+    }
+}
+
 // Speculative rejection sampling: accept draft token x with probability min(1, p(x)/q(x)); on a
 // rejection emit a sample of the residual max(p - q, 0); after k acceptances, a sample of p.
 std::vector<dspark_token> dspark_engine::accept_rejection(plan & p) {
@@ -576,25 +597,14 @@ std::vector<dspark_token> dspark_engine::accept_rejection(plan & p) {
             out.push_back(t);
             break;
         }
-        // q: the distribution the draft sampled slot j from
-        const float * ql = p.q_logits.data() + (size_t) j * V;
-        float mx = -INFINITY;
-        for (int v = 0; v < V; ++v) {
-            mx = std::max(mx, ql[v] / T);
-        }
-        double zs = 0.0;
-        for (int v = 0; v < V; ++v) {
-            q[v] = std::isfinite(ql[v]) ? expf(ql[v] / T - mx) : 0.0f;
-            zs += q[v];
-        }
-        for (float & x : q) {
-            x = (float) (x / zs);
-        }
+        // accept x with probability min(1, p(x) / q(x)); q(x) came with the draw
         const dspark_token x = p.draft[j];
-        if (unif(p.s->aux) * q[x] < pd[x]) {
+        if (unif(p.s->aux) * p.q[j] < pd[x]) {
             out.push_back(x);
             continue;
         }
+        // rejected: the residual needs the whole q the draft drew slot j from (one row read back)
+        draft_q_row(p.draft_block, j, T, q);
         double wsum = 0.0;
         for (int v = 0; v < V; ++v) {
             wsum += std::max(0.0f, pd[v] - q[v]);

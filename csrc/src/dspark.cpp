@@ -736,6 +736,10 @@ const float * dspark_draft_get_confidence(const struct dspark_draft_context * dc
     return dctx && !dctx->confidence.empty() ? dctx->confidence.data() : nullptr;
 }
 
+const float * dspark_draft_get_probabilities(const struct dspark_draft_context * dctx) {
+    return dctx && !dctx->probs.empty() ? dctx->probs.data() : nullptr;
+}
+
 const float * dspark_draft_get_logits(const struct dspark_draft_context * dctx) {
     return dctx && !dctx->logits.empty() ? dctx->logits.data() : nullptr;
 }

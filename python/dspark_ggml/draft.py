@@ -83,11 +83,12 @@ class DraftModel(Model):
 
 @dataclass
 class Proposal:
-    """Draft tokens per sequence, block-major. ``confidence`` and ``logits`` may be None."""
+    """Draft tokens per sequence, block-major. ``confidence``, ``logits`` and ``probs`` may be None."""
 
     tokens: np.ndarray             # [n_seqs, n_draft] int32 (target vocabulary)
     confidence: np.ndarray | None  # [n_seqs, n_draft] float32
     logits: np.ndarray | None      # [n_seqs, n_draft, n_vocab] float32
+    probs: np.ndarray | None = None  # [n_seqs, n_draft] float32: q of each sampled token
 
 
 class DraftContext(NativeHandle):
@@ -140,7 +141,8 @@ class DraftContext(NativeHandle):
             anchors: the last committed token of each sequence.
             pos0: the position of each anchor (the first position not injected).
             seq_ids: default 0, 1, ... .
-            temperature: 0 (default) drafts by argmax; > 0 samples each slot (Gumbel-max, seeded).
+            temperature: 0 (default) drafts by argmax; > 0 samples each slot in-graph (inverse CDF
+                at one seeded uniform per slot); ``Proposal.probs`` then holds each token's q.
             markov_top_k: > 0 adds the Markov bias to each slot's top-k base candidates only
                 (argmax drafting; much cheaper on large vocabularies); 0 (default) = exact.
         """
@@ -165,9 +167,11 @@ class DraftContext(NativeHandle):
         tokens = np.frombuffer(ffi.buffer(tp, shape[0] * shape[1] * 4), dtype=np.int32).reshape(shape).copy()
         cp = lib.dspark_draft_get_confidence(self.handle)
         conf = None if cp == ffi.NULL else np.frombuffer(ffi.buffer(cp, tokens.size * 4), dtype=np.float32).reshape(shape).copy()
+        qp = lib.dspark_draft_get_probabilities(self.handle)
+        probs = None if qp == ffi.NULL else np.frombuffer(ffi.buffer(qp, tokens.size * 4), dtype=np.float32).reshape(shape).copy()
         lp = lib.dspark_draft_get_logits(self.handle)
         logits = None
         if lp != ffi.NULL:
             V = self.info.n_vocab
             logits = np.frombuffer(ffi.buffer(lp, tokens.size * V * 4), dtype=np.float32).reshape(*shape, V).copy()
-        return Proposal(tokens, conf, logits)
+        return Proposal(tokens, conf, logits, probs)
