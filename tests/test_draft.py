@@ -297,3 +297,19 @@ def test_markov_top_k_equals_exact_when_k_covers_the_vocabulary(tmp_path, target
     assert np.abs(full.confidence - exact.confidence).max() < 1e-5
     few = dctx.propose(*args, markov_top_k=3)
     assert few.tokens.shape == exact.tokens.shape
+
+
+def test_reused_propose_graphs_give_the_same_proposals(tmp_path, target):
+    """A propose of the same shape as the previous one runs its graph again: same tokens and
+    confidences as a context whose graph is new (and the reuse is counted)."""
+    t, d, _ = _draft(tmp_path, target, "reuse")
+    feats = _features(t, d.info.target_layers, PROMPTS[:1])[0]
+    reusing, fresh = DraftContext(d, n_ctx=128, type_kv="f32"), DraftContext(d, n_ctx=128, type_kv="f32")
+    for c in (reusing, fresh):
+        c.inject(feats, np.arange(len(feats)))
+    for anchor in (1, 5, 9):
+        a = reusing.propose([anchor], [len(feats)])
+        fresh.propose([anchor], [len(feats)], n_draft=1)  # another shape: the next graph is new
+        b = fresh.propose([anchor], [len(feats)])
+        assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.confidence, b.confidence)
+    assert reusing.graph_counts()[1] >= 2 and fresh.graph_counts()[1] == 0

@@ -366,6 +366,8 @@ DSPARK_API struct dspark_propose_params dspark_propose_default_params(void);
 DSPARK_API int32_t dspark_draft_propose(struct dspark_draft_context * dctx, int32_t n_seqs, const dspark_token * anchors,
                                         const dspark_pos * pos0, const dspark_seq_id * seq_ids,
                                         const struct dspark_propose_params * params);
+/* Propose graphs built and reused so far (a step of the same shape as the previous one reuses it). */
+DSPARK_API void dspark_draft_graph_counts(const struct dspark_draft_context * dctx, uint64_t * built, uint64_t * reused);
 /* [n_seqs][n_draft] token ids (target vocabulary), block-major. */
 DSPARK_API const dspark_token * dspark_draft_get_tokens(const struct dspark_draft_context * dctx, int32_t * n_seqs, int32_t * n_draft);
 /* [n_seqs][n_draft] confidence of each drafted token, or NULL without a confidence head. */

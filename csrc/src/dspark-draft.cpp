@@ -174,19 +174,26 @@ void dspark_draft_context::propose(const dspark_propose_request & r) {
             seq[b * B + i] = r.seq_ids[b];
         }
     }
+    // A step injects at most n_draft + 1 rows per sequence: padding them to that many makes
+    // consecutive steps one graph shape (reused); the padding rows write cells left empty.
+    int32_t n_rows = r.n_inject;
+    const int32_t step_rows = r.n_seqs * (r.n_draft + 1);
     std::vector<int32_t> slots;
-    if (!kv.find_slots((uint32_t) (r.n_inject + n_tok), slots)) {
+    if (r.n_inject > 0 && r.n_inject < step_rows && kv.find_slots((uint32_t) (step_rows + n_tok), slots)) {
+        n_rows = step_rows;
+    } else if (!kv.find_slots((uint32_t) (r.n_inject + n_tok), slots)) {
         dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the draft KV cache has no room for the context rows and the blocks");
     }
-    const std::vector<int32_t> inj_slots(slots.begin(), slots.begin() + r.n_inject);
-    const std::vector<int32_t> block_slots(slots.begin() + r.n_inject, slots.end());
+    const std::vector<int32_t> inj_slots(slots.begin(), slots.begin() + n_rows);  // real rows first
+    const std::vector<int32_t> block_slots(slots.begin() + n_rows, slots.end());
     // Injected cells stay; the block's own cells are temporary: claimed for this decode only.
-    kv.commit(inj_slots, r.inject_pos, r.inject_seq);
+    kv.commit(std::vector<int32_t>(inj_slots.begin(), inj_slots.begin() + r.n_inject), r.inject_pos, r.inject_seq);
     kv.commit(block_slots, pos.data(), seq.data());
     try {
         run_propose(r, inj_slots, block_slots);
     } catch (...) {
-        kv.release(slots);
+        kv.release(std::vector<int32_t>(inj_slots.begin(), inj_slots.begin() + r.n_inject));
+        kv.release(block_slots);
         n_seqs = 0;
         throw;
     }
@@ -216,6 +223,27 @@ void dspark_draft_context::set_sampling_inputs(const dspark_propose_request & r,
     dspark_set_input(io.greedy, greedy.data(), greedy.size() * sizeof(float));
 }
 
+ggml_cgraph * dspark_draft_context::graph_for(const draft_graph_key & key, const dflash_pick & pick) {
+    if (cached_gf && cached_gen == compute.generation && cached_key == key) {
+        n_graphs_reused++;
+        return cached_gf;
+    }
+    cached_gf = nullptr;
+    ggml_context * ctx = compute.begin();
+    ggml_cgraph * gf = compute.new_graph(ctx);
+    dspark_graph g = {ctx, gf, pad_odd_columns};
+    // the context rows are written to the cache before the block reads it (graph order)
+    cached_inj = key.n_rows > 0 ? build_dflash_inject(g, *model.draft, kv, key.n_rows) : dflash_inject_graph();
+    cached_io = build_dflash_block(g, *model.draft, kv, d2t_i32, key.n_seqs, key.block_len, key.n_kv, flash_attn, key.logits,
+                                   pick);
+    compute.alloc(gf);
+    cached_gf = gf;
+    cached_key = key;
+    cached_gen = compute.generation;
+    n_graphs_built++;
+    return gf;
+}
+
 void dspark_draft_context::run_propose(const dspark_propose_request & r, const std::vector<int32_t> & inj_slots,
                                        const std::vector<int32_t> & slots) {
     const int B = block_len(r.n_draft);
@@ -223,23 +251,29 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
     const int P = r.n_draft;
     const int n_kv = (int) kv.n_kv();
 
-    ggml_context * ctx = compute.begin();
-    ggml_cgraph * gf = compute.new_graph(ctx);
-    dspark_graph g = {ctx, gf, pad_odd_columns};
-    // the context rows are written to the cache before the block reads it (graph order)
-    dflash_inject_graph inj;
-    if (r.n_inject > 0) {
-        inj = build_dflash_inject(g, *model.draft, kv, r.n_inject);
-    }
-    dflash_block_graph io = build_dflash_block(g, *model.draft, kv, d2t_i32, r.n_seqs, B, n_kv, flash_attn,
-                                               r.want_logits || r.keep_logits, r.pick);
-    compute.alloc(gf);
-    if (r.n_inject > 0) {
+    const int n_rows = (int) inj_slots.size();  // the real context rows, then padding
+    draft_graph_key key;
+    key.n_rows = n_rows;
+    key.n_seqs = r.n_seqs;
+    key.block_len = B;
+    key.n_kv = n_kv;
+    key.logits = r.want_logits || r.keep_logits;
+    key.sample = r.pick.sample;
+    key.filter = r.pick.filter;
+    key.markov_top_k = r.pick.markov_top_k;
+    ggml_cgraph * gf = graph_for(key, r.pick);
+    const dflash_inject_graph & inj = cached_inj;
+    const dflash_block_graph & io = cached_io;
+    if (n_rows > 0) {
         const int32_t width = (int32_t) hp().target_layers.size() * hp().n_embd;
-        dspark_set_input(inj.feat, r.inject_features, sizeof(float) * (size_t) r.n_inject * width);
-        dspark_set_input(inj.pos, r.inject_pos, sizeof(int32_t) * r.n_inject);
+        std::vector<float> feat((size_t) n_rows * width, 0.0f);
+        std::copy(r.inject_features, r.inject_features + (size_t) r.n_inject * width, feat.begin());
+        std::vector<int32_t> ipos(n_rows, 0);
+        std::copy(r.inject_pos, r.inject_pos + r.n_inject, ipos.begin());
+        dspark_set_input(inj.feat, feat.data(), feat.size() * sizeof(float));
+        dspark_set_input(inj.pos, ipos.data(), sizeof(int32_t) * n_rows);
         std::vector<int64_t> iidx(inj_slots.begin(), inj_slots.end());
-        dspark_set_input(inj.kv_idx, iidx.data(), sizeof(int64_t) * r.n_inject);
+        dspark_set_input(inj.kv_idx, iidx.data(), sizeof(int64_t) * n_rows);
     }
 
     std::vector<int32_t> tok(n_tok), pos(n_tok), seq(n_tok);

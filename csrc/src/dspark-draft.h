@@ -12,6 +12,18 @@
 #include <random>
 #include <vector>
 
+// What a propose graph is built for (see the target's graph reuse): consecutive steps of one
+// shape run the same graph.
+struct draft_graph_key {
+    int  n_rows = 0, n_seqs = 0, block_len = 0, n_kv = 0, markov_top_k = 0;
+    bool logits = false, sample = false, filter = false;
+
+    bool operator==(const draft_graph_key & o) const {
+        return n_rows == o.n_rows && n_seqs == o.n_seqs && block_len == o.block_len && n_kv == o.n_kv &&
+               markov_top_k == o.markov_top_k && logits == o.logits && sample == o.sample && filter == o.filter;
+    }
+};
+
 // What one propose call asks for.
 struct dspark_propose_request {
     int32_t               n_seqs  = 0;
@@ -50,6 +62,7 @@ struct dspark_draft_context {
     std::vector<float>    confidence;
     std::vector<float>    probs;       // when sampling: each token's probability under its draw's distribution
     std::vector<float>    logits;
+    uint64_t              n_graphs_built = 0, n_graphs_reused = 0;  // propose graphs (statistics)
 
     // One slot's full-vocabulary logits of the last propose (want_logits or keep_logits), read from
     // the backend; out has n_vocab floats. Throws if they are not there any more.
@@ -79,5 +92,11 @@ struct dspark_draft_context {
     void set_sampling_inputs(const dspark_propose_request & req, const dflash_block_graph & io) const;
     ggml_tensor *         kept_logits = nullptr;  // the last propose's logits tensor, valid while
     uint64_t              kept_gen    = 0;        // compute.generation is this
+    ggml_cgraph * graph_for(const draft_graph_key & key, const dflash_pick & pick);
+    dflash_inject_graph   cached_inj;
+    dflash_block_graph    cached_io;
+    draft_graph_key       cached_key;
+    ggml_cgraph *         cached_gf  = nullptr;
+    uint64_t              cached_gen = 0;
     void reserve_worst_case();
 };

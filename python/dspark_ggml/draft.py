@@ -132,6 +132,13 @@ class DraftContext(NativeHandle):
         _lib.check(_lib.lib().dspark_draft_inject(self.handle, ffi.from_buffer("float[]", f), n, f.shape[1],
                                                   ffi.from_buffer("int32_t[]", pos), ffi.from_buffer("int32_t[]", seq)))
 
+    def graph_counts(self) -> tuple[int, int]:
+        """(propose graphs built, propose graphs reused) so far."""
+        ffi = _lib.ffi()
+        built, reused = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        _lib.lib().dspark_draft_graph_counts(self.handle, built, reused)
+        return int(built[0]), int(reused[0])
+
     def propose(self, anchors: Sequence[int] | np.ndarray, pos0: Sequence[int] | np.ndarray,
                 seq_ids: Sequence[int] | np.ndarray | None = None, *, n_draft: int = 0, want_logits: bool = False,
                 temperature: float = 0.0, seed: int = 0, markov_top_k: int = 0) -> Proposal:
