@@ -402,7 +402,7 @@ DSPARK_API int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int3
 
 enum dspark_draft_mode {
     DSPARK_DRAFT_GREEDY_CHAIN  = 0, /* argmax chain; accept by sampling the target and matching (llama.cpp) */
-    DSPARK_DRAFT_PROBABILISTIC = 1, /* sample the chain (Gumbel-max); accept with min(1, p/q), resample the residual */
+    DSPARK_DRAFT_PROBABILISTIC = 1, /* sample the chain in-graph; accept with min(1, p/q), resample the residual */
 };
 
 enum dspark_verify_schedule {

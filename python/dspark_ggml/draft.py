@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _lib
 from ._handle import NativeHandle
-from .context import FLASH_ATTN, KV_TYPES
+from .context import flash_attn_modes, kv_types
 from .errors import InvalidArgumentError
 from .kv_cache import KVCache
 from .model import Model
@@ -106,14 +106,14 @@ class DraftContext(NativeHandle):
 
     def __init__(self, draft: DraftModel, *, n_ctx: int = 0, n_batch: int = 512, n_seq_max: int = 1,
                  n_threads: int | None = None, type_kv: str = "f16", flash_attn: bool | str = "auto") -> None:
-        if type_kv not in KV_TYPES:
-            raise InvalidArgumentError(f"type_kv must be one of {sorted(KV_TYPES)}, got {type_kv!r}")
+        if type_kv not in kv_types():
+            raise InvalidArgumentError(f"type_kv must be one of {sorted(kv_types())}, got {type_kv!r}")
         lib, ffi = _lib.lib(), _lib.ffi()
         p = ffi.new("struct dspark_context_params *", lib.dspark_context_default_params())
         p.n_ctx, p.n_batch, p.n_seq_max = n_ctx, n_batch, n_seq_max
         p.n_threads = n_threads or 0
-        p.type_kv = KV_TYPES[type_kv]
-        p.flash_attn = FLASH_ATTN[flash_attn]
+        p.type_kv = kv_types()[type_kv]
+        p.flash_attn = flash_attn_modes()[flash_attn]
         self.draft = draft
         self.info = draft.info
         self._handle: Any = _lib.check_ptr(lib.dspark_draft_context_init(draft.handle, p))
