@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .context import Context
-from .draft import DraftContext, DraftModel
-from .engine import Engine, SpecStats
+from .draft import DraftModel
+from .engine import Engine, SpecStats, build_engine
 from .model import Model
 from .sampling import SamplingParams
 
@@ -70,9 +69,8 @@ def compare(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[s
     n_ctx = max(len(p) for p in prompts) + max_tokens + 32
 
     def engine(with_draft: bool, mode: str = "greedy") -> Engine:
-        ctx = Context(target, n_ctx=n_ctx, n_threads=n_threads)
-        dctx = DraftContext(draft, n_ctx=n_ctx, n_threads=n_threads) if with_draft else None
-        return Engine(ctx, dctx, n_max=n_max, draft_mode=mode, eog=eog, markov_top_k=markov_top_k)
+        return build_engine(target, draft if with_draft else None, n_ctx=n_ctx, context_options={"n_threads": n_threads},
+                            n_max=n_max, draft_mode=mode, eog=eog, markov_top_k=markov_top_k)
 
     rows = []
     for temp in temperatures:

@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from . import _lib
 from ._handle import NativeHandle
 from .context import Context
-from .draft import DraftContext
+from .draft import DraftContext, DraftModel
 from .errors import InvalidArgumentError
+from .model import Model
 from .sampling import SamplingParams
-
 
 
 def draft_modes() -> dict[str, int]:
@@ -190,3 +190,24 @@ class Engine(NativeHandle):
             self.step()
             out += self.new_tokens(seq_id)[0]
         return out
+
+
+def build_engine(target: Model, draft: DraftModel | None = None, *, n_ctx: int = 0,
+                 context_options: Mapping[str, Any] | None = None, **engine_options: Any) -> Engine:
+    """A target context, a draft context sized like it when there is a draft, and the engine over
+    them: the one way the LLM, the benchmark and `dspark-ggml check` assemble speculative decoding.
+    ``context_options`` go to both contexts (n_batch, n_seq_max, n_threads, type_kv, flash_attn;
+    n_outputs_max_per_seq to the target's only); ``engine_options`` to :class:`Engine`. The contexts
+    are ``engine.target`` and ``engine.draft``; closing them is the caller's (after the engine)."""
+    options = dict(context_options or {})
+    n_out = options.pop("n_outputs_max_per_seq", 0)
+    ctx = Context(target, n_ctx=n_ctx, n_outputs_max_per_seq=n_out, **options)
+    dctx = DraftContext(draft, n_ctx=ctx.n_ctx, **options) if draft is not None else None
+    try:
+        return Engine(ctx, dctx, **engine_options)
+    except BaseException:
+        if dctx is not None:
+            dctx.close()
+        ctx.close()
+        raise
+
