@@ -460,7 +460,9 @@ def default_bases(directory: Path) -> list[Base]:
 def _limit_memory(limit_bytes: int) -> None:
     import resource
 
-    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    # AddressSanitizer reserves terabytes of address space for its shadow memory: no limit under it
+    if limit_bytes and "libasan" not in os.environ.get("LD_PRELOAD", ""):
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
     os.setsid()
 
 
