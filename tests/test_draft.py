@@ -29,6 +29,8 @@ VARIANTS = {
     "scales": dict(fc_scale=True, markov_w2_scale=True, n_layer=2),
     "gemma-style": dict(shared_kv=True, post_norms=True, layer_output_scale=True, hidden_activation="gelu_pytorch_tanh",
                         embedding_scale=8.0, attention_scale=1.0, value_scale=0.5),
+    "gemma-softcap": dict(shared_kv=True, post_norms=True, hidden_activation="gelu_pytorch_tanh", embedding_scale=8.0,
+                          attention_scale=1.0, logit_softcap=0.5),
     "sliding-window": dict(n_layer=2, sliding_window=4, sliding_window_pattern=[True, False]),
     "causal": dict(causal=True),
 }

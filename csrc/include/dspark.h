@@ -273,6 +273,10 @@ struct dspark_batch {
  * size or output count), CONTEXT_FULL, ABORTED; on any failure the KV cache is unchanged. */
 DSPARK_API int32_t dspark_decode(struct dspark_context * ctx, const struct dspark_batch * batch);
 
+/* Decode graphs built and reused so far: a batch of the same shape as the previous one (tokens,
+ * outputs, cache cells attended, capture, in-graph sampling) runs the previous graph again. */
+DSPARK_API void dspark_context_graph_counts(const struct dspark_context * ctx, uint64_t * built, uint64_t * reused);
+
 /* Outputs of the last decode, valid until the next one. Logits: [n_outputs][n_vocab], rows in
  * batch order of the flagged tokens. Captured: [n_tokens][width], width = n_layers_captured * n_embd. */
 DSPARK_API int32_t       dspark_n_outputs(const struct dspark_context * ctx);
@@ -482,6 +486,10 @@ DSPARK_API int32_t dspark_engine_remove(struct dspark_engine * engine, dspark_se
  * them with DSPARK_STATUS_ABORTED. The engine checks it only where stopping leaves every sequence
  * and both caches as they were before the call, so the engine stays usable. NULL removes it. */
 DSPARK_API void    dspark_engine_set_abort_callback(struct dspark_engine * engine, dspark_abort_callback callback, void * user_data);
+/* Request (true) or withdraw (false) a stop: while requested, the engine's computations stop as
+ * when the abort callback returns true, but nothing is called per graph node. Safe from any thread
+ * and from a signal handler; the engine never clears it itself. */
+DSPARK_API void    dspark_engine_request_abort(struct dspark_engine * engine, bool requested);
 
 /* @cdef-end */
 

@@ -19,16 +19,23 @@ dspark_backbone dspark_backbone::from_gguf(const dspark_gguf & f, const std::str
     b.n_embd      = dim(".embedding_length");
     b.n_layer     = dim(".block_count");
     b.n_ctx_train = dim(".context_length");
-    b.n_ff        = dim(".feed_forward_length");
     b.n_head      = dim(".attention.head_count");
-    b.n_head_kv   = dim_or(".attention.head_count_kv", b.n_head);
     b.rms_eps     = (float) f.get_float(a + ".attention.layer_norm_rms_epsilon");
-    if (b.n_embd <= 0 || b.n_layer <= 0 || b.n_head <= 0 || b.n_head_kv <= 0 || b.n_ff <= 0) {
-        f.fail(DSPARK_STATUS_BAD_FORMAT, "embedding_length, block_count, feed_forward_length and head counts must be positive");
+    if (b.n_embd <= 0 || b.n_layer <= 0 || b.n_layer > 4096 || b.n_head <= 0) {
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "embedding_length, block_count (at most 4096) and head_count must be positive");
     }
-    if (b.n_head % b.n_head_kv != 0) {
-        f.fail(DSPARK_STATUS_BAD_FORMAT, "head_count must be a multiple of head_count_kv");
+    b.n_ff_l      = f.get_int_per_layer(a + ".feed_forward_length", b.n_layer);
+    b.n_head_kv_l = f.get_int_per_layer(a + ".attention.head_count_kv", b.n_layer, b.n_head);
+    for (int il = 0; il < b.n_layer; ++il) {
+        if (b.n_ff_l[il] <= 0 || b.n_head_kv_l[il] <= 0) {
+            f.fail(DSPARK_STATUS_BAD_FORMAT, "feed_forward_length and head_count_kv must be positive (layer " + std::to_string(il) + ")");
+        }
+        if (b.n_head % b.n_head_kv_l[il] != 0) {
+            f.fail(DSPARK_STATUS_BAD_FORMAT, "head_count must be a multiple of head_count_kv (layer " + std::to_string(il) + ")");
+        }
     }
+    b.n_ff      = b.n_ff_l[0];
+    b.n_head_kv = b.n_head_kv_l[0];
     // ggml's RMSNorm asserts eps >= 0 at compute time (NaN fails it too): refuse it here
     if (!(b.rms_eps >= 0.0f) || !std::isfinite(b.rms_eps)) {
         f.fail(DSPARK_STATUS_BAD_FORMAT, "'" + a + ".attention.layer_norm_rms_epsilon' = " + std::to_string(b.rms_eps) +

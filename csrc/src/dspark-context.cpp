@@ -81,16 +81,23 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     const uint32_t per_seq = params.n_outputs_max_per_seq ? params.n_outputs_max_per_seq : params.n_batch;
     n_outputs_max = std::min<uint32_t>(params.n_batch, per_seq * params.n_seq_max);
 
-    // node budget: the layers, plus an in-graph sampler per sequence (engine backend sampling)
+    // node budget: the layers (MoE and Gemma-4 layers take about twice the nodes of a plain one),
+    // plus an in-graph sampler per sequence (engine backend sampling)
     compute.init(model.device(), params.n_threads,
-                 (size_t) 256 + (size_t) hp().n_layer * 64 + (size_t) params.n_seq_max * dspark_sampler_graph_size());
+                 (size_t) 256 + (size_t) hp().n_layer * 128 + (size_t) params.n_seq_max * dspark_sampler_graph_size());
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
-    dspark_check_kv_type(kv_type, hp().head_dim);
-    kv.init(ggml_backend_get_default_buffer_type(compute.backend), hp().n_layer, hp().n_embd_kv(),
-            hp().n_embd_kv(), kv_type, params.n_ctx, params.n_seq_max);
-    flash_attn = params.flash_attn == DSPARK_FLASH_ATTN_ON ||
-                 (params.flash_attn == DSPARK_FLASH_ATTN_AUTO &&
-                  flash_attn_supported(compute, hp().head_dim, hp().n_head, hp().n_head_kv, kv_type));
+    for (const target_layer & l : model.target->layers) {
+        dspark_check_kv_type(kv_type, l.head_dim);
+    }
+    kv.init(ggml_backend_get_default_buffer_type(compute.backend), model.target->kv_widths(), kv_type, params.n_ctx,
+            params.n_seq_max);
+    flash_attn = params.flash_attn == DSPARK_FLASH_ATTN_ON;
+    if (params.flash_attn == DSPARK_FLASH_ATTN_AUTO) {
+        flash_attn = true;
+        for (const target_layer & l : model.target->layers) {
+            flash_attn = flash_attn && flash_attn_supported(compute, l.head_dim, hp().n_head, l.n_head_kv, kv_type);
+        }
+    }
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
     pad_odd_columns = dspark_device_is_cpu(model.device());
     logits.resize((size_t) n_outputs_max * hp().n_vocab);
@@ -183,16 +190,43 @@ void dspark_context::decode(const dspark_batch & b, const std::vector<target_sam
     }
 }
 
+const target_graph & dspark_context::graph_for(const target_graph_key & key,
+                                               const std::vector<target_sampling_group> * sampling, ggml_cgraph ** gf) {
+    if (cached_gf && cached_gen == compute.generation && cached_key == key) {
+        n_graphs_reused++;
+        *gf = cached_gf;
+        return cached_io;
+    }
+    cached_gf = nullptr;  // until the new one is complete
+    ggml_context * ctx = compute.begin();
+    ggml_cgraph * g_new = compute.new_graph(ctx);
+    dspark_graph g = {ctx, g_new, pad_odd_columns};
+    cached_io = build_target_graph(g, *model.target, kv, key.n_tokens, key.n_outputs, key.n_kv, key.capture, flash_attn,
+                                   sampling);
+    compute.alloc(g_new);
+    cached_gf = g_new;
+    cached_key = key;
+    cached_gen = compute.generation;
+    n_graphs_built++;
+    *gf = g_new;
+    return cached_io;
+}
+
 void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & slots, int32_t n_out,
                          const std::vector<target_sampling_group> * sampling, const float * uniforms) {
     const int T = b.n_tokens;
     const int n_kv = (int) kv.n_kv();
 
-    ggml_context * ctx = compute.begin();
-    ggml_cgraph * gf = compute.new_graph(ctx);
-    dspark_graph g = {ctx, gf, pad_odd_columns};
-    target_graph io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn, sampling);
-    compute.alloc(gf);
+    target_graph_key key;
+    key.n_tokens = T;
+    key.n_outputs = n_out;
+    key.n_kv = n_kv;
+    key.capture = capture;
+    if (sampling) {
+        key.sampling = *sampling;
+    }
+    ggml_cgraph * gf = nullptr;
+    const target_graph & io = graph_for(key, sampling, &gf);
     if (io.uniforms) {
         dspark_set_input(io.uniforms, uniforms, sizeof(float) * n_out);
     }
@@ -204,6 +238,12 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
     std::vector<ggml_fp16_t> mask((size_t) n_kv * T);
     kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, dspark_kv_mask_params());
     dspark_set_input(io.mask, mask.data(), mask.size() * sizeof(ggml_fp16_t));
+    if (io.mask_swa) {
+        dspark_kv_mask_params swa;
+        swa.n_swa = hp().n_swa;
+        kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, swa);
+        dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
+    }
     if (io.out_ids) {
         std::vector<int32_t> rows;
         for (int i = 0; i < T; ++i) {

@@ -26,6 +26,7 @@ struct dspark_context {
     int32_t                n_captured = 0;     // tokens captured by the last decode
     std::vector<int32_t>   sampled;            // [n_outputs] ids sampled in-graph by the last decode
     bool                   has_sampled = false;
+    uint64_t               n_graphs_built = 0, n_graphs_reused = 0;  // decode graphs (statistics)
 
     dspark_context(dspark_model & model, const dspark_context_params & params);  // throws
 
@@ -43,6 +44,14 @@ struct dspark_context {
     void run(const dspark_batch & batch, const std::vector<int32_t> & slots, int32_t n_out,
              const std::vector<target_sampling_group> * sampling, const float * uniforms);
     void reserve_worst_case();
+    // Build the graph for `key`, or keep the last one when it was built for the same key.
+    const target_graph & graph_for(const target_graph_key & key, const std::vector<target_sampling_group> * sampling,
+                                   ggml_cgraph ** gf);
+
+    target_graph       cached_io;
+    target_graph_key   cached_key;
+    ggml_cgraph *      cached_gf  = nullptr;
+    uint64_t           cached_gen = 0;  // compute.generation when it was built
 };
 
 // Resolve defaults (0 / negative sentinels) and check ranges; throws INVALID_ARGUMENT.

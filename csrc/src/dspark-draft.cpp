@@ -18,7 +18,8 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 128);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
     dspark_check_kv_type(kv_type, hp().head_dim);
-    kv.init(ggml_backend_get_default_buffer_type(compute.backend), hp().n_layer, hp().n_embd_kv(), hp().n_embd_kv(), kv_type, n_cells, params.n_seq_max);
+    kv.init(ggml_backend_get_default_buffer_type(compute.backend), std::vector<int64_t>(hp().n_layer, hp().n_embd_kv()), kv_type,
+            n_cells, params.n_seq_max);
     flash_attn = params.flash_attn != DSPARK_FLASH_ATTN_OFF;  // CPU and GPU backends run it for these shapes
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
     pad_odd_columns = dspark_device_is_cpu(model.device());

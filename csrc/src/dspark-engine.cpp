@@ -26,6 +26,10 @@ static dspark_sampler_params to_sampler(const dspark_sampling_params * p) {
 
 dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & p)
     : tgt(target), dft(draft), params(p) {
+    abort.link(&tgt.compute);
+    if (dft) {
+        abort.link(&dft->compute);
+    }
     total = dspark_spec_stats();
     if (params.n_min < 0 || params.n_max < 0 || params.markov_top_k < 0 || !(params.p_min >= 0.0f && params.p_min <= 1.0f)) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_max, n_min and markov_top_k must be >= 0 and p_min in [0, 1]");

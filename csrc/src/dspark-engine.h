@@ -43,6 +43,7 @@ struct dspark_engine {
     std::map<int32_t, dspark_seq_state> seqs;
     std::vector<double>    verify_ms;     // measured target decode time by batch size (confidence schedule)
     dspark_spec_stats      total;
+    dspark_abort_request   abort;         // the stop request both contexts' computations read
 
     dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & params);
 

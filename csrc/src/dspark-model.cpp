@@ -24,7 +24,7 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
         f.fail(DSPARK_STATUS_BAD_FORMAT, "tensor 'token_embd.weight' has no rows (empty vocabulary)");
     }
     m->weights->warn_unused();
-    m->weights->load(dspark_device_pick(params.device), params.use_mmap, params.cpu_repack, {"token_embd.weight"});
+    m->weights->load(dspark_device_pick(params.device), params.use_mmap, params.cpu_repack, {"token_embd.weight", "per_layer_token_embd.weight"});
     return m.release();
 }
 

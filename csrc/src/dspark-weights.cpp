@@ -102,11 +102,19 @@ static ggml_backend_buffer_type_t cpu_repack_buft(ggml_backend_dev_t dev) {
 }
 
 // Would a matmul with weight w run from the repack buffer type? (asks the backend, as llama.cpp does)
+// 2-D weights go through mul_mat, 3-D expert stacks through mul_mat_id.
 static bool repack_supports(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * w) {
-    ggml_init_params ip = { /*.mem_size =*/ 2 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+    ggml_init_params ip = { /*.mem_size =*/ 3 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
     ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 8);
-    ggml_tensor * op = ggml_mul_mat(ctx, w, x);
+    ggml_tensor * op;
+    if (ggml_n_dims(w) == 3) {
+        ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, w->ne[0], 2, 8);
+        ggml_tensor * ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, 8);
+        op = ggml_mul_mat_id(ctx, w, x, ids);
+    } else {
+        ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 8);
+        op = ggml_mul_mat(ctx, w, x);
+    }
     ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(buft, 0);
     ggml_backend_buffer_t saved = w->buffer;
     w->buffer = dummy;
@@ -178,7 +186,8 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack,
     if (repack_buft) {
         for (int64_t i = 0; i < file->n_tensors(); ++i) {
             ggml_tensor * t = file->tensor(i);
-            if (ggml_n_dims(t) == 2 && !gathered.count(ggml_get_name(t)) && repack_supports(dev, repack_buft, t)) {
+            const int nd = ggml_n_dims(t);
+            if ((nd == 2 || nd == 3) && !gathered.count(ggml_get_name(t)) && repack_supports(dev, repack_buft, t)) {
                 repacked.push_back(t);
             }
         }

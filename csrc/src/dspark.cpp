@@ -481,6 +481,15 @@ int32_t dspark_context_set_threads(struct dspark_context * ctx, int32_t n_thread
     return DSPARK_STATUS_OK;
 }
 
+void dspark_context_graph_counts(const struct dspark_context * ctx, uint64_t * built, uint64_t * reused) {
+    if (built) {
+        *built = ctx ? ctx->n_graphs_built : 0;
+    }
+    if (reused) {
+        *reused = ctx ? ctx->n_graphs_reused : 0;
+    }
+}
+
 void dspark_context_set_abort_callback(struct dspark_context * ctx, dspark_abort_callback callback, void * user_data) {
     if (ctx) {
         ctx->compute.set_abort(callback, user_data);
@@ -929,6 +938,12 @@ int32_t dspark_engine_remove(struct dspark_engine * e, dspark_seq_id seq_id) {
         e->remove(seq_id);
         return DSPARK_STATUS_OK;
     });
+}
+
+void dspark_engine_request_abort(struct dspark_engine * e, bool requested) {
+    if (e) {
+        e->abort.requested.store(requested, std::memory_order_relaxed);
+    }
 }
 
 void dspark_engine_set_abort_callback(struct dspark_engine * e, dspark_abort_callback callback, void * user_data) {

@@ -197,6 +197,13 @@ class Context(NativeHandle):
 
     # ---- KV cache ---------------------------------------------------------------------------------
 
+    def graph_counts(self) -> tuple[int, int]:
+        """(decode graphs built, decode graphs reused) so far."""
+        ffi = _lib.ffi()
+        built, reused = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        _lib.lib().dspark_context_graph_counts(self.handle, built, reused)
+        return int(built[0]), int(reused[0])
+
     def kv_seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         """Remove positions [p0, p1) of a sequence (p1 < 0: to the end; seq_id -1: all sequences)."""
         self.kv.seq_rm(seq_id, p0, p1)

@@ -161,6 +161,12 @@ class Engine(NativeHandle):
         self._abort_cb = ffi.callback("bool(void *)", lambda _data: bool(callback()))
         _lib.lib().dspark_engine_set_abort_callback(self.handle, self._abort_cb, ffi.NULL)
 
+    def request_abort(self, requested: bool = True) -> None:
+        """Ask the computations in progress (from any thread) to stop, as the abort callback does, or
+        withdraw the request; a C-side flag, so no Python runs per graph node."""
+        if self._handle is not None:  # a late request after close has nothing left to stop
+            _lib.lib().dspark_engine_request_abort(self._handle, bool(requested))
+
     def remove(self, seq_id: int) -> None:
         """Forget a sequence and free its cells in both caches."""
         _lib.check(_lib.lib().dspark_engine_remove(self.handle, seq_id))

@@ -134,7 +134,7 @@ class LLM:
         engine = Engine(self.context, self.draft_context, n_max=s.n_max, n_min=s.n_min, p_min=s.p_min,
                         draft_mode=s.draft_mode, schedule=s.schedule, backend_sampling=s.backend_sampling,
                         markov_top_k=s.markov_top_k, eog=eog)
-        engine.set_abort_callback(self._interrupt.is_set)
+        self._interrupt.link(engine.request_abort)  # a C flag: nothing calls into Python per graph node
         return engine
 
     # ---- lifetime -------------------------------------------------------------------------------

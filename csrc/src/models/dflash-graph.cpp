@@ -300,6 +300,9 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
     ggml_tensor * hid = g.rms_norm(ggml_reshape_2d(ctx, ggml_cont(ctx, xp), hp.n_embd, (int64_t) P * n_blocks),
                                    m.output_norm, hp.rms_eps);  // [E, P·n_blocks]
     ggml_tensor * logits = g.mm(m.output, hid, m.output_s);       // [Vd, P·n_blocks]
+    if (hp.logit_softcap > 0.0f) {  // on the base logits, before the Markov bias (DeepSpec's order)
+        logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, 1.0f / hp.logit_softcap)), hp.logit_softcap);
+    }
 
     const int top_k = std::min<int>(pick.markov_top_k, hp.n_vocab_draft);
     if (markov && top_k > 0 && !pick.sample && !want_logits) {

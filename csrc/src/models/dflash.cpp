@@ -1,5 +1,7 @@
 #include "models/dflash.h"
 
+#include <cmath>
+
 #include "dspark-impl.h"
 #include "models/target.h"
 
@@ -59,9 +61,9 @@ static void load_hparams(dflash_hparams & hp, const dspark_gguf & f) {
             f.fail(DSPARK_STATUS_BAD_FORMAT, "sliding_window_pattern must have one entry per draft layer");
         }
     }
-    const float softcap = (float) f.get_float(a + ".final_logit_softcapping", 0.0);
-    if (softcap != 0.0f) {
-        f.fail(DSPARK_STATUS_UNSUPPORTED, "final_logit_softcapping on a draft is not supported");
+    hp.logit_softcap = (float) f.get_float(a + ".final_logit_softcapping", 0.0);
+    if (!std::isfinite(hp.logit_softcap) || hp.logit_softcap < 0.0f) {
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "dflash.final_logit_softcapping must be finite and non-negative");
     }
 }
 
