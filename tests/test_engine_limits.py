@@ -8,7 +8,7 @@ import pytest
 from dspark_ggml.context import Context
 from dspark_ggml.draft import DraftContext, DraftModel
 from dspark_ggml.engine import Engine
-from dspark_ggml.errors import AbortedError
+from dspark_ggml.errors import AbortedError, ContextFullError
 from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams
 from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft, write_target
@@ -107,3 +107,20 @@ def test_backend_sampling_for_32_sequences(pair, with_draft):
     eng = _engine(target, draft, n, n_batch=512, backend_sampling=True)
     outs = _run_all(eng, n)
     assert outs == [_alone(target, draft, i) for i in range(n)]  # alone: host sampling
+
+
+def test_a_split_step_that_cannot_get_its_cells_changes_nothing(pair):
+    """16 sequences x 7 verify rows need 112 cells, 52 are free: the step refuses as a whole
+    (ContextFullError) before any chunk commits."""
+    target, draft, _ = pair
+    n = 16
+    ctx = Context(target, n_ctx=100, n_seq_max=n, n_batch=24, type_kv="f32", n_threads=1)
+    eng = Engine(ctx, DraftContext(draft, n_ctx=100, n_seq_max=n, type_kv="f32", n_threads=1))
+    for s in range(n):
+        eng.add(s, [1 + s % 5, 2, 3], SamplingParams(max_tokens=40))
+    before = [(eng.stats(s).n_generated, eng.new_tokens(s)[0]) for s in range(n)]
+    used = ctx.kv_n_used
+    with pytest.raises(ContextFullError, match="the verify batch needs 112"):
+        eng.step()
+    assert ctx.kv_n_used == used
+    assert [eng.stats(s).n_generated for s in range(n)] == [b[0] for b in before]

@@ -1,5 +1,6 @@
 """Files that pass the GGUF reader but would abort inside ggml later (a bad tensor type, epsilon or
-alignment) are refused at load time with an error naming the tensor, key or value; and the
+alignment) are refused at load time with an error naming the tensor, key or value; so are context
+options ggml would abort on (a KV type that splits heads, more threads than its pool); and the
 quantization helpers refuse what would read out of bounds or call through a null pointer."""
 from __future__ import annotations
 
@@ -183,3 +184,26 @@ def test_dequantize_of_an_exact_buffer_matches_the_values():
     assert np.all(np.abs(y - x) <= scale * 0.5 + 1e-3)
     f16 = np.arange(8, dtype=np.float16)
     assert np.array_equal(dequantize(f16.view(np.uint8), "f16", (8,)), f16.astype(np.float32))
+
+
+# ---- context options ggml would abort on -----------------------------------------------------------
+
+def test_quantized_kv_cache_needs_whole_blocks_per_head(tmp_path):
+    from dspark_ggml.tiny import write_target
+
+    cfg = TargetConfig(n_head=6, n_head_kv=3, head_dim=16, n_embd=96)  # K rows of 48: heads of 16 values
+    write_target(tmp_path / "h16.gguf", cfg, seed=1)
+    with Model(tmp_path / "h16.gguf") as m:
+        with pytest.raises(InvalidArgumentError, match=r"KV cache type q8_0 .* head_dim \(16\) is not a multiple"):
+            Context(m, n_ctx=64, type_kv="q8_0")
+        assert len(Engine(Context(m, n_ctx=64, type_kv="f16", n_threads=1)).generate(PROMPT, SamplingParams(max_tokens=3))) == 3
+
+
+def test_thread_counts_beyond_ggmls_pool_are_refused(good):
+    with Model(good[0]) as m:
+        with pytest.raises(InvalidArgumentError, match="n_threads = 100000 exceeds the maximum of 512"):
+            Context(m, n_ctx=64, n_threads=100000)
+        ctx = Context(m, n_ctx=64, n_threads=1)
+        with pytest.raises(InvalidArgumentError, match="n_threads in 1 .. 512"):
+            ctx.set_threads(513)
+        assert len(Engine(ctx).generate(PROMPT, SamplingParams(max_tokens=3))) == 3

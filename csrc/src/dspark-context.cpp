@@ -18,6 +18,13 @@ ggml_type dspark_kv_ggml_type(int32_t t) {
     }
 }
 
+void dspark_check_kv_type(ggml_type type, int head_dim) {
+    if (head_dim % ggml_blck_size(type) != 0) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "KV cache type %s stores blocks of %lld values; this model's head_dim (%d) "
+                     "is not a multiple of it: use f16, bf16 or f32", ggml_type_name(type), (long long) ggml_blck_size(type), head_dim);
+    }
+}
+
 dspark_context_params dspark_resolve_context_params(const dspark_context_params & in, int n_ctx_train) {
     dspark_context_params p = in;
     if (p.n_ctx == 0) {
@@ -30,7 +37,10 @@ dspark_context_params dspark_resolve_context_params(const dspark_context_params 
         p.n_seq_max = 1;
     }
     if (p.n_threads <= 0) {
-        p.n_threads = (int32_t) std::max(1u, std::thread::hardware_concurrency());
+        p.n_threads = (int32_t) std::min<unsigned>(GGML_MAX_N_THREADS, std::max(1u, std::thread::hardware_concurrency()));
+    }
+    if (p.n_threads > GGML_MAX_N_THREADS) {  // ggml's thread pool has room for no more
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_threads = %d exceeds the maximum of %d", p.n_threads, GGML_MAX_N_THREADS);
     }
     if (p.n_seq_max > DSPARK_MAX_SEQ) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_seq_max = %u exceeds the maximum of %d", p.n_seq_max, DSPARK_MAX_SEQ);
@@ -76,6 +86,9 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     compute.init(model.device(), params.n_threads,
                  (size_t) 256 + (size_t) hp().n_layer * 128 + (size_t) params.n_seq_max * dspark_sampler_graph_size());
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
+    for (const target_layer & l : model.target->layers) {
+        dspark_check_kv_type(kv_type, l.head_dim);
+    }
     kv.init(ggml_backend_get_default_buffer_type(compute.backend), model.target->kv_widths(), kv_type, params.n_ctx,
             params.n_seq_max);
     flash_attn = params.flash_attn == DSPARK_FLASH_ATTN_ON;

@@ -61,3 +61,5 @@ struct dspark_context {
 // Resolve defaults (0 / negative sentinels) and check ranges; throws INVALID_ARGUMENT.
 dspark_context_params dspark_resolve_context_params(const dspark_context_params & p, int n_ctx_train);
 ggml_type             dspark_kv_ggml_type(int32_t type_kv);
+// The cache is read per head: a block-quantized type needs head_dim to be whole blocks. Throws.
+void                  dspark_check_kv_type(ggml_type type, int head_dim);

@@ -17,6 +17,7 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     const uint32_t n_cells = params.n_ctx + params.n_seq_max * (uint32_t) hp().block_size;
     compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 128);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
+    dspark_check_kv_type(kv_type, hp().head_dim);
     kv.init(ggml_backend_get_default_buffer_type(compute.backend), std::vector<int64_t>(hp().n_layer, hp().n_embd_kv()), kv_type,
             n_cells, params.n_seq_max);
     flash_attn = params.flash_attn != DSPARK_FLASH_ATTN_OFF;  // CPU and GPU backends run it for these shapes

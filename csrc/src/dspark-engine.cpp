@@ -444,6 +444,15 @@ void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
 // a chunk has committed, the rest of the step runs to the end, so a step is all or nothing.
 void dspark_engine::verify(std::vector<plan> & plans) {
     const size_t n_batch = tgt.params.n_batch;
+    size_t n_rows = 0;
+    for (const plan & p : plans) {
+        n_rows += p.draft.size() + 1;
+    }
+    // all or nothing: a later chunk must not run out of cells after an earlier one committed
+    if (n_rows > n_batch && n_rows > tgt.kv.n_cells - tgt.kv.n_used()) {
+        dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the KV cache is full: %u of %u cells used, the verify batch needs %zu",
+                     tgt.kv.n_used(), tgt.kv.n_cells, n_rows);
+    }
     double t_verify = 0.0;
     struct restore_abort {
         dspark_compute & c;

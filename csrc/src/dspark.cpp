@@ -472,8 +472,8 @@ void dspark_context_get_params(const struct dspark_context * ctx, struct dspark_
 }
 
 int32_t dspark_context_set_threads(struct dspark_context * ctx, int32_t n_threads) {
-    if (!ctx || n_threads < 1) {
-        dspark_set_last_error("dspark_context_set_threads: need a context and n_threads >= 1");
+    if (!ctx || n_threads < 1 || n_threads > GGML_MAX_N_THREADS) {
+        dspark_set_last_error("dspark_context_set_threads: need a context and n_threads in 1 .. 512");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
     ctx->params.n_threads = n_threads;

@@ -154,7 +154,9 @@ static ggml_tensor * filter_logits(ggml_context * ctx, ggml_tensor * logits, ggm
     ggml_tensor * before = ggml_sub(ctx, cum, probs);                       // mass before each candidate
     ggml_tensor * mass_k = dspark_gather_cols(ctx, cum, last_k);            // [1, n]: the top-k's mass
     ggml_tensor * keep_p = ggml_step(ctx, ggml_add(ctx, ggml_neg(ctx, before), ggml_mul(ctx, top_p, mass_k)));
-    ggml_tensor * n_p    = ggml_scale_bias(ctx, ggml_sum_rows(ctx, keep_p), 1.0f, -1.0f);  // >= 0
+    // the last candidate top-p keeps; clamped, so that NaN logits (a broken file) cannot index out of range
+    ggml_tensor * n_p = ggml_clamp(ctx, ggml_scale_bias(ctx, ggml_sum_rows(ctx, keep_p), 1.0f, -1.0f), 0.0f,
+                                   (float) (logits->ne[0] - 1));
     ggml_tensor * thr    = dspark_gather_cols(ctx, sorted, last_k);
     thr = max_of(ctx, thr, dspark_gather_cols(ctx, sorted, ggml_cast(ctx, n_p, GGML_TYPE_I32)));
     ggml_tensor * top = ggml_cont(ctx, ggml_view_2d(ctx, sorted, 1, sorted->ne[1], sorted->nb[1], 0));
