@@ -380,11 +380,11 @@ DSPARK_API const float * dspark_draft_get_logits(const struct dspark_draft_conte
 
 /* ---- sampling ------------------------------------------------------------------------------- */
 
-/* The sampler chain (llama.cpp's order): temperature <= 0 is greedy (argmax). Otherwise top_k,
+/* The sampler chain (llama.cpp's order): temperature 0 is greedy (argmax). Otherwise top_k,
  * then top_p and min_p filter on the softmax at temperature 1, then a softmax at the temperature
  * and a draw against one uniform number. 0 / 1.0 / 0.0 turn top_k / top_p / min_p off. */
 struct dspark_sampling_params {
-    float    temperature; /* default 0 (greedy); must be finite: inf and NaN are refused */
+    float    temperature; /* default 0 (greedy); must be finite and >= 0: negative, inf and NaN are refused */
     int32_t  top_k;       /* default 0 (off) */
     float    top_p;       /* default 1.0 (off) */
     float    min_p;       /* default 0.0 (off) */
@@ -392,6 +392,8 @@ struct dspark_sampling_params {
 };
 
 DSPARK_API struct dspark_sampling_params dspark_sampling_default_params(void);
+/* OK, or INVALID_ARGUMENT naming the first bad value (the rules every sampling entry point applies). */
+DSPARK_API int32_t dspark_sampling_check(const struct dspark_sampling_params * params);
 
 /* Sample each of n_rows rows of logits [n_rows][n_vocab] with the uniform draws u[n_rows], on the
  * host (in_graph false) or as a ggml graph on the CPU backend (in_graph true); the two agree. */
@@ -423,6 +425,9 @@ struct dspark_spec_params {
 };
 
 DSPARK_API struct dspark_spec_params dspark_spec_default_params(void);
+/* Draft tokens per verify step the engine takes for this draft and n_max (0 = the most its block
+ * layout allows; larger values are clamped), before any context limit: a verify block is this + 1. */
+DSPARK_API int32_t dspark_spec_n_draft(const struct dspark_model * draft, int32_t n_max);
 
 enum dspark_seq_status {
     DSPARK_SEQ_IDLE       = 0, /* unknown or removed */

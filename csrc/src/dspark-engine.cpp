@@ -11,15 +11,10 @@ static double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
 
-static dspark_sampler_params to_sampler(const dspark_sampling_params * p) {
-    dspark_sampler_params s;
-    if (p) {
-        s.temperature = p->temperature;
-        s.top_k = p->top_k;
-        s.top_p = p->top_p;
-        s.min_p = p->min_p;
-    }
-    return s;
+
+int32_t dspark_clamp_n_draft(const dflash_hparams & dh, int32_t n_max) {
+    // what the layout can propose: block_size (anchor-first DSpark) or block_size - 1; 0 = all of it
+    return n_max > 0 ? std::min(n_max, dh.max_draft()) : dh.max_draft();
 }
 
 // ---- setup --------------------------------------------------------------------------------------
@@ -48,8 +43,7 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
     if (dh.n_embd != tgt.hp().n_embd) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the draft's hidden size (%d) differs from the target's (%d)", dh.n_embd, tgt.hp().n_embd);
     }
-    // n_max is clamped to what the layout can propose: block_size (anchor-first DSpark) or block_size-1
-    n_draft = params.n_max > 0 ? std::min(params.n_max, dh.max_draft()) : dh.max_draft();
+    n_draft = dspark_clamp_n_draft(dh, params.n_max);
     if (params.n_max > dh.max_draft()) {
         DSPARK_LOG_WARN("n_max %d clamped to %d: the draft's block_size is %d (%s)", params.n_max, n_draft, dh.block_size,
                         dh.first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
@@ -143,7 +137,7 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
     }
     dspark_seq_state s;
     s.id = seq_id;
-    s.sp = to_sampler(r.sampling);
+    s.sp = r.sampling ? dspark_sampler_from(*r.sampling) : dspark_sampler_params();
     const uint32_t seed = r.sampling && r.sampling->seed != DSPARK_DEFAULT_SEED ? r.sampling->seed : std::random_device()();
     s.rng = dspark_rng(seed);
     s.aux.seed(((uint64_t) seed << 1) | 1u);

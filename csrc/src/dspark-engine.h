@@ -34,6 +34,9 @@ struct dspark_seq_state {
     dspark_spec_stats     stats;
 };
 
+// Draft tokens per step for n_max (0 = the most the draft's block layout allows; larger is clamped).
+int32_t dspark_clamp_n_draft(const dflash_hparams & draft, int32_t n_max);
+
 struct dspark_engine {
     dspark_context &       tgt;
     dspark_draft_context * dft = nullptr;

@@ -1,5 +1,7 @@
 #include "dspark-sampler.h"
 
+#include "dspark-impl.h"
+
 #include "dspark-graph.h"
 
 #include <algorithm>
@@ -205,6 +207,29 @@ size_t dspark_sampler_graph_size() {
         return count - 3;  // the logits, uniforms and probes exist once per graph, not per sampler
     }();
     return n;
+}
+
+dspark_sampler_params dspark_sampler_from(const dspark_sampling_params & p) {
+    // inf is refused like NaN (1/inf scales every logit to 0), and so is a negative temperature
+    if (!std::isfinite(p.temperature) || p.temperature < 0.0f) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: temperature must be a finite number >= 0, got %g",
+                     (double) p.temperature);
+    }
+    if (p.top_k < 0) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: top_k must be >= 0, got %d", p.top_k);
+    }
+    if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: top_p must be in (0, 1], got %g", (double) p.top_p);
+    }
+    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: min_p must be in [0, 1], got %g", (double) p.min_p);
+    }
+    dspark_sampler_params s;
+    s.temperature = p.temperature;
+    s.top_k = p.top_k;
+    s.top_p = p.top_p;
+    s.min_p = p.min_p;
+    return s;
 }
 
 // ---- random stream ------------------------------------------------------------------------------

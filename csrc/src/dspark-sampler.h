@@ -14,6 +14,8 @@
 // that get rejected do not shift the stream.
 #pragma once
 
+#include "dspark.h"
+
 #include "ggml.h"
 
 #include <cstdint>
@@ -35,6 +37,10 @@ struct dspark_distribution {
     std::vector<int32_t> ids;
     std::vector<float>   probs;
 };
+
+// The public sampling parameters as the sampler's, each bad value refused by name (throws
+// INVALID_ARGUMENT): the one place these rules live (the C API, the engine and Python ask it).
+dspark_sampler_params dspark_sampler_from(const dspark_sampling_params & p);
 
 void    dspark_sampler_distribution(const float * logits, int n_vocab, const dspark_sampler_params & p, dspark_distribution & out);
 int32_t dspark_sample_host(const float * logits, int n_vocab, const dspark_sampler_params & p, float u);

@@ -765,28 +765,6 @@ struct dspark_sampling_params dspark_sampling_default_params(void) {
     return p;
 }
 
-static dspark_sampler_params sampler_of(const dspark_sampling_params & p) {
-    // each bad value by name; inf is refused like NaN (1/inf scales every logit to 0)
-    if (!std::isfinite(p.temperature)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: temperature must be finite (0 or less = greedy), got %g",
-                     (double) p.temperature);
-    }
-    if (p.top_k < 0) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: top_k must be >= 0, got %d", p.top_k);
-    }
-    if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: top_p must be in (0, 1], got %g", (double) p.top_p);
-    }
-    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: min_p must be in [0, 1], got %g", (double) p.min_p);
-    }
-    dspark_sampler_params s;
-    s.temperature = p.temperature;
-    s.top_k = p.top_k;
-    s.top_p = p.top_p;
-    s.min_p = p.min_p;
-    return s;
-}
 
 // Run the in-graph sampler on given rows, on the CPU backend.
 static void sample_rows_in_graph(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
@@ -815,7 +793,7 @@ int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int32_t n_vocab
     }
     const dspark_sampling_params p = params ? *params : dspark_sampling_default_params();
     return guard([&]() {
-        const dspark_sampler_params sp = sampler_of(p);
+        const dspark_sampler_params sp = dspark_sampler_from(p);
         if (in_graph) {
             dspark_backends_load();
             sample_rows_in_graph(logits, n_rows, n_vocab, u, sp, out);
@@ -828,7 +806,26 @@ int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int32_t n_vocab
     });
 }
 
+int32_t dspark_sampling_check(const struct dspark_sampling_params * params) {
+    if (!params) {
+        dspark_set_last_error("dspark_sampling_check: params is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard([&]() {
+        dspark_sampler_from(*params);
+        return DSPARK_STATUS_OK;
+    });
+}
+
 // ---- engine ---------------------------------------------------------------------------------------
+
+int32_t dspark_spec_n_draft(const struct dspark_model * draft, int32_t n_max) {
+    if (!draft || !draft->draft) {
+        dspark_set_last_error("dspark_spec_n_draft: not a draft model");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return dspark_clamp_n_draft(draft->draft->hp, n_max);
+}
 
 struct dspark_spec_params dspark_spec_default_params(void) {
     dspark_spec_params p;
@@ -876,7 +873,7 @@ int32_t dspark_engine_add(struct dspark_engine * e, dspark_seq_id seq_id, const 
     }
     return guard([&]() {
         if (req->sampling) {
-            sampler_of(*req->sampling);  // validates
+            dspark_sampler_from(*req->sampling);  // validates
         }
         for (int32_t i = 0; i < req->n_prompt; ++i) {
             if (req->prompt && (req->prompt[i] < 0 || req->prompt[i] >= e->tgt.hp().n_vocab)) {

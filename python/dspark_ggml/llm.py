@@ -7,9 +7,10 @@ import weakref
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Generator, Mapping, Sequence, TypeVar, Union
 
+from . import _lib
 from .context import Context
 from .decode_loop import DecodeLoop, Request
-from .draft import DraftContext, DraftInfo, DraftModel
+from .draft import DraftContext, DraftModel
 from .engine import Engine, build_engine
 from .errors import DSparkError, InvalidArgumentError
 from .interrupt import Interrupt
@@ -126,7 +127,7 @@ class LLM:
         """Tokens one sequence verifies per step: its draft tokens plus the target's own."""
         if self.draft_model is None:
             return 1
-        return _n_draft(self.speculative.n_max, self.draft_model.info) + 1
+        return _lib.check(_lib.lib().dspark_spec_n_draft(self.draft_model.handle, self.speculative.n_max)) + 1
 
     def _make_engine(self, n_ctx: int, context_options: dict[str, Any]) -> Engine:
         s = self.speculative
@@ -396,11 +397,6 @@ def load(model_path: str | os.PathLike[str], draft_model_path: str | os.PathLike
          **kwargs: Any) -> LLM:
     """``LLM(model_path, draft_model_path=draft_model_path, **kwargs)``: see :class:`LLM`."""
     return LLM(model_path, draft_model_path=draft_model_path, **kwargs)
-
-
-def _n_draft(n_max: int, info: DraftInfo) -> int:
-    """n_max as the engine clamps it: 0 means the draft's maximum."""
-    return min(n_max, info.max_draft) if n_max > 0 else info.max_draft
 
 
 def _load_tokenizer(path: str) -> Tokenizer | None:

@@ -1,7 +1,6 @@
 """Sampling parameters, and sampling rows of logits with the core's sampler chain."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, List, Mapping, Optional, TypedDict, Union
 
@@ -41,26 +40,26 @@ class SamplingParams:
     stop: list[str] | str | None = None
 
     def validate(self) -> None:
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            # inf would be a uniform draw in name only (0 * inf logits): refused, as NaN
-            raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise InvalidArgumentError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise InvalidArgumentError(f"min_p must be in [0, 1], got {self.min_p}")
+        """The sampler's values are checked by the core (dspark_sampling_check, the rules the C API
+        applies everywhere); what only Python has (max_tokens, the seed's range) here."""
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidArgumentError(f"max_tokens must be >= 1 or None, got {self.max_tokens}")
-        if self.seed is not None and not 0 <= self.seed < 2**32 - 1:
+        if self.seed is not None and not 0 <= self.seed < _lib.lib().DSPARK_DEFAULT_SEED:
             raise InvalidArgumentError(f"seed must be in [0, 2**32-1), got {self.seed}")
+        if not isinstance(self.top_k, int) or not -2**31 <= self.top_k < 2**31:
+            raise InvalidArgumentError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        self._c_params()
 
     def to_c(self) -> Any:
         self.validate()
+        return self._c_params()
+
+    def _c_params(self) -> Any:
         lib, ffi = _lib.lib(), _lib.ffi()
         p = ffi.new("struct dspark_sampling_params *", lib.dspark_sampling_default_params())
         p.temperature, p.top_k, p.top_p, p.min_p = self.temperature, self.top_k, self.top_p, self.min_p
-        p.seed = _lib.lib().DSPARK_DEFAULT_SEED if self.seed is None else self.seed
+        p.seed = lib.DSPARK_DEFAULT_SEED if self.seed is None else self.seed
+        _lib.check(lib.dspark_sampling_check(p))
         return p
 
 
