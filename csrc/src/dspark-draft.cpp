@@ -60,7 +60,7 @@ void dspark_draft_context::reserve_worst_case() {
 // Check feature rows; `last` tracks each sequence's last position (-2 = not looked up yet).
 void dspark_draft_context::validate_inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos,
                                            const dspark_seq_id * seq, std::vector<int32_t> & last) const {
-    const int32_t want = (int32_t) hp().target_layers.size() * hp().n_embd;
+    const int32_t want = hp().feature_width();
     if (width != want) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "feature rows have width %d, the draft expects %zu layers x %d = %d",
                      width, hp().target_layers.size(), hp().n_embd, want);
@@ -162,7 +162,7 @@ void dspark_draft_context::validate_propose(const dspark_propose_request & r, st
 void dspark_draft_context::propose(const dspark_propose_request & r) {
     std::vector<int32_t> last(params.n_seq_max, -2);  // pending injections count as injected
     if (r.n_inject > 0) {
-        const int32_t width = (int32_t) hp().target_layers.size() * hp().n_embd;
+        const int32_t width = hp().feature_width();
         validate_inject(r.inject_features, r.n_inject, width, r.inject_pos, r.inject_seq, last);
     }
     validate_propose(r, last);
@@ -266,7 +266,7 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
     const dflash_inject_graph & inj = cached_inj;
     const dflash_block_graph & io = cached_io;
     if (n_rows > 0) {
-        const int32_t width = (int32_t) hp().target_layers.size() * hp().n_embd;
+        const int32_t width = hp().feature_width();
         std::vector<float> feat((size_t) n_rows * width, 0.0f);
         std::copy(r.inject_features, r.inject_features + (size_t) r.n_inject * width, feat.begin());
         std::vector<int32_t> ipos(n_rows, 0);

@@ -172,7 +172,7 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
             if (dft) {
                 for (int32_t c = 0; c < n; c += (int32_t) dft->params.n_batch) {
                     const int32_t m = std::min<int32_t>((int32_t) dft->params.n_batch, n - c);
-                    const int32_t width = (int32_t) (dft->hp().target_layers.size() * dft->hp().n_embd);
+                    const int32_t width = dft->hp().feature_width();
                     dft->inject(tgt.captured.data() + (size_t) c * width, m, width, pos.data() + c, seq.data() + c);
                 }
             }
@@ -316,7 +316,7 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
         inj_pos.insert(inj_pos.end(), s.pending_pos.begin(), s.pending_pos.end());
         inj_seq.insert(inj_seq.end(), s.pending_pos.size(), s.id);
     }
-    const int32_t width = (int32_t) (dft->hp().target_layers.size() * dft->hp().n_embd);
+    const int32_t width = dft->hp().feature_width();
     size_t done = 0;
     while (inj_pos.size() - done > dft->params.n_batch) {  // more than one graph takes: inject ahead
         const int32_t m = (int32_t) dft->params.n_batch;
@@ -522,7 +522,7 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
         ~no_abort() { if (c) c->abortable = true; }
     } guard_draft(dft ? &dft->compute : nullptr);
     // accept per sequence; the features of committed positions wait for the next proposal
-    const int width = dft ? (int) (dft->hp().target_layers.size() * dft->hp().n_embd) : 0;
+    const int width = dft ? dft->hp().feature_width() : 0;
     for (size_t i = begin; i < end; ++i) {
         plan & p = plans[i];
         const bool rejection = rejection_sampled(p);
@@ -567,21 +567,9 @@ std::vector<dspark_token> dspark_engine::accept_greedy_chain(plan & p) const {
 // q of draft slot j of block b at temperature T over the target vocabulary, from its (filtered,
 // Markov-biased) logits: softmax(l / T), 0 where the logits are -inf (unreachable ids).
 void dspark_engine::draft_q_row(int b, int j, float T, std::vector<float> & q) const {
-    const int V = dft->hp().n_vocab;
-    q.resize(V);
+    q.resize(dft->hp().n_vocab);
     dft->logits_row(b, j, q.data());
-    float mx = -INFINITY;
-    for (int v = 0; v < V; ++v) {
-        mx = std::max(mx, q[v] / T);
-    }
-    double zs = 0.0;
-    for (int v = 0; v < V; ++v) {
-        q[v] = std::isfinite(q[v]) ? expf(q[v] / T - mx) : 0.0f;
-        zs += q[v];
-    }
-    for (float & x : q) {
-        x = (float) (x / zs);
-    }
+    dspark_softmax(q, 1.0f / T);
 }
 
 // Speculative rejection sampling: accept draft token x with probability min(1, p(x)/q(x)); on a

@@ -18,8 +18,7 @@ int32_t dspark_argmax(const float * logits, int n_vocab) {
     return best;
 }
 
-// softmax(x · scale) in place, in float like ggml
-static void softmax(std::vector<float> & x, float scale) {
+void dspark_softmax(std::vector<float> & x, float scale) {
     float mx = -INFINITY;
     for (float v : x) {
         mx = std::max(mx, v * scale);
@@ -63,7 +62,7 @@ static void filtered_values(const float * logits, const std::vector<int32_t> & i
         return;
     }
     std::vector<float> probs = vals;
-    softmax(probs, 1.0f);
+    dspark_softmax(probs, 1.0f);
     float cum = 0.0f;
     for (size_t i = 0; i < vals.size(); ++i) {
         cum += probs[i];
@@ -90,7 +89,7 @@ void dspark_sampler_distribution(const float * logits, int n_vocab, const dspark
     std::vector<float> vals;
     candidates(logits, n_vocab, p, ids);
     filtered_values(logits, ids, p, p.sorts(n_vocab), vals);
-    softmax(vals, 1.0f / p.temperature);
+    dspark_softmax(vals, 1.0f / p.temperature);
     out.ids = std::move(ids);
     out.probs = std::move(vals);
 }

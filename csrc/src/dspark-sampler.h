@@ -42,6 +42,8 @@ struct dspark_distribution {
 // INVALID_ARGUMENT): the one place these rules live (the C API, the engine and Python ask it).
 dspark_sampler_params dspark_sampler_from(const dspark_sampling_params & p);
 
+// softmax(x · scale) in place, in float like ggml (-inf entries get probability 0)
+void    dspark_softmax(std::vector<float> & x, float scale);
 void    dspark_sampler_distribution(const float * logits, int n_vocab, const dspark_sampler_params & p, dspark_distribution & out);
 int32_t dspark_sample_host(const float * logits, int n_vocab, const dspark_sampler_params & p, float u);
 int32_t dspark_argmax(const float * logits, int n_vocab);

@@ -8,6 +8,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import _lib
+from ._handle import NativeHandle
 
 # enum dspark_gguf_type -> numpy dtype of array elements
 _NUMPY_TYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
@@ -34,7 +35,7 @@ class TensorInfo:
         return n
 
 
-class GGUFFile:
+class GGUFFile(NativeHandle):
     """A GGUF file opened (and structurally validated) by the C core; reads no tensor data.
 
     Raises:
@@ -42,47 +43,38 @@ class GGUFFile:
         FileFormatError: the file is not a valid GGUF (bad magic, truncated, malformed).
     """
 
+    _free_function = "dspark_gguf_close"
+    _kind = "GGUF file"
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        lib = _lib.lib()
-        self._handle = _lib.check_ptr(lib.dspark_gguf_open(self.path.encode()))
-        self._owned = True
         self._metadata: dict[str, Any] | None = None
+        self._handle = _lib.check_ptr(_lib.lib().dspark_gguf_open(self.path.encode()))
 
     @classmethod
     def _borrow(cls, handle: Any, path: str) -> "GGUFFile":
-        """Wrap a handle owned by someone else (a model)."""
+        """Wrap a handle owned by someone else (a model): closing it frees nothing."""
         self = cls.__new__(cls)
-        self.path, self._handle, self._owned, self._metadata = path, handle, False, None
+        self._free_function = ""
+        self.path, self._handle, self._metadata = path, handle, None
         return self
-
-    def close(self) -> None:
-        if getattr(self, "_owned", False) and self._handle is not None:
-            _lib.lib().dspark_gguf_close(self._handle)
-        self._handle = None
 
     def __enter__(self) -> "GGUFFile":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
     @property
     def file_size(self) -> int:
-        return int(_lib.lib().dspark_gguf_file_size(self._handle))
+        return int(_lib.lib().dspark_gguf_file_size(self.handle))
 
     @property
     def version(self) -> int:
-        return int(_lib.lib().dspark_gguf_version(self._handle))
+        return int(_lib.lib().dspark_gguf_version(self.handle))
 
     @property
     def metadata(self) -> dict[str, Any]:
         """All key/value pairs; arrays of numbers come back as numpy arrays, strings as str."""
         if self._metadata is None:
-            n = _lib.lib().dspark_gguf_n_kv(self._handle)
+            n = _lib.lib().dspark_gguf_n_kv(self.handle)
             self._metadata = {self._key(i): self._value(i) for i in range(n)}
         return self._metadata
 
@@ -95,47 +87,47 @@ class GGUFFile:
 
     def tensors(self) -> Iterator[TensorInfo]:
         lib = _lib.lib()
-        for i in range(lib.dspark_gguf_n_tensors(self._handle)):
-            n_dims = lib.dspark_gguf_tensor_n_dims(self._handle, i)
+        for i in range(lib.dspark_gguf_n_tensors(self.handle)):
+            n_dims = lib.dspark_gguf_tensor_n_dims(self.handle, i)
             yield TensorInfo(
-                name=_lib.to_str(lib.dspark_gguf_tensor_name(self._handle, i)) or "",
-                type=_lib.to_str(lib.dspark_gguf_tensor_type(self._handle, i)) or "",
-                shape=tuple(int(lib.dspark_gguf_tensor_ne(self._handle, i, d)) for d in range(n_dims)),
-                offset=int(lib.dspark_gguf_tensor_offset(self._handle, i)),
-                nbytes=int(lib.dspark_gguf_tensor_nbytes(self._handle, i)),
+                name=_lib.to_str(lib.dspark_gguf_tensor_name(self.handle, i)) or "",
+                type=_lib.to_str(lib.dspark_gguf_tensor_type(self.handle, i)) or "",
+                shape=tuple(int(lib.dspark_gguf_tensor_ne(self.handle, i, d)) for d in range(n_dims)),
+                offset=int(lib.dspark_gguf_tensor_offset(self.handle, i)),
+                nbytes=int(lib.dspark_gguf_tensor_nbytes(self.handle, i)),
             )
 
     # ---- values -------------------------------------------------------------------------------
 
     def _key(self, i: int) -> str:
-        return _lib.to_str(_lib.lib().dspark_gguf_key(self._handle, i)) or ""
+        return _lib.to_str(_lib.lib().dspark_gguf_key(self.handle, i)) or ""
 
     def _value(self, i: int) -> Any:
         lib, ffi = _lib.lib(), _lib.ffi()
-        t = lib.dspark_gguf_kv_type(self._handle, i)
+        t = lib.dspark_gguf_kv_type(self.handle, i)
         if t == _STRING:
-            return _lib.to_str(lib.dspark_gguf_get_str(self._handle, i))
+            return _lib.to_str(lib.dspark_gguf_get_str(self.handle, i))
         if t == _ARRAY:
             return self._array(i)
         if t in _FLOATS:
             out = ffi.new("double *")
-            _lib.check(lib.dspark_gguf_get_float(self._handle, i, out))
+            _lib.check(lib.dspark_gguf_get_float(self.handle, i, out))
             return float(out[0])
         out = ffi.new("int64_t *")
-        _lib.check(lib.dspark_gguf_get_int(self._handle, i, out))
+        _lib.check(lib.dspark_gguf_get_int(self.handle, i, out))
         return bool(out[0]) if t == _BOOL else int(out[0])
 
     def _array(self, i: int) -> Any:
         lib, ffi = _lib.lib(), _lib.ffi()
-        at = lib.dspark_gguf_arr_type(self._handle, i)
-        n = lib.dspark_gguf_arr_n(self._handle, i)
+        at = lib.dspark_gguf_arr_type(self.handle, i)
+        n = lib.dspark_gguf_arr_n(self.handle, i)
         if at == _STRING:
             get = lib.dspark_gguf_get_arr_str
-            return [ffi.string(get(self._handle, i, j)).decode("utf-8", "replace") for j in range(n)]
+            return [ffi.string(get(self.handle, i, j)).decode("utf-8", "replace") for j in range(n)]
         dtype = _NUMPY_TYPES.get(at)
         if dtype is None:  # nested arrays: not used by any model we read
             return None
-        ptr = lib.dspark_gguf_get_arr_data(self._handle, i)
+        ptr = lib.dspark_gguf_get_arr_data(self.handle, i)
         if n == 0:
             return np.zeros(0, dtype=dtype)
         return np.frombuffer(ffi.buffer(ptr, n * np.dtype(dtype).itemsize), dtype=dtype).copy()

@@ -23,7 +23,7 @@ dflash_inject_graph build_dflash_inject(const dspark_graph & g, const dflash_mod
                                         int n_rows) {
     const dflash_hparams & hp = m.hp;
     dflash_inject_graph io;
-    io.feat   = dspark_graph_input(g.ctx, GGML_TYPE_F32, (int64_t) hp.target_layers.size() * hp.n_embd, n_rows, "inp_feat");
+    io.feat   = dspark_graph_input(g.ctx, GGML_TYPE_F32, hp.feature_width(), n_rows, "inp_feat");
     io.pos    = dspark_graph_input(g.ctx, GGML_TYPE_I32, n_rows, 0, "inp_feat_pos");
     io.kv_idx = dspark_graph_input(g.ctx, GGML_TYPE_I64, n_rows, 0, "inp_feat_kv_idx");
 

@@ -43,6 +43,8 @@ struct dflash_hparams : dspark_backbone {
     // first block slot that predicts a token, and the most tokens one block can propose
     int first_pred_slot() const { return sample_from_anchor ? 0 : 1; }
     int max_draft() const { return block_size - first_pred_slot(); }
+    // one row of fused target features: the captured layers' residual streams side by side
+    int32_t feature_width() const { return (int32_t) target_layers.size() * n_embd; }
     bool is_swa(int il) const { return n_swa > 0 && il < (int) swa_layers.size() && swa_layers[il]; }
 };
 
