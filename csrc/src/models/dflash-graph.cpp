@@ -210,75 +210,65 @@ static ggml_tensor * confidence(const dspark_graph & g, const dflash_model & m, 
     return c;
 }
 
+// Slot j's candidates restricted to its top-k base candidates cj (I32 [K, n_blocks], draft ids):
+// the bias W2·r for those k rows of W2 only (a batched [R, k] x [R, 1] product per block).
+static ggml_tensor * top_k_biased(const dspark_graph & g, const dflash_model & m, ggml_tensor * cand_logits,
+                                  ggml_tensor * cj, ggml_tensor * r, int j, int P, int n_blocks) {
+    ggml_context * ctx = g.ctx;
+    const int64_t R = m.hp.markov_rank, K = cj->ne[0];
+    ggml_tensor * rows = ggml_get_rows(ctx, m.markov_w2, ggml_reshape_1d(ctx, cj, K * n_blocks));
+    rows = ggml_reshape_3d(ctx, rows, R, K, n_blocks);                                       // [R, K, n_blocks]
+    ggml_tensor * bias = ggml_reshape_2d(ctx, ggml_mul_mat(ctx, rows, ggml_reshape_3d(ctx, r, R, 1, n_blocks)), K, n_blocks);
+    if (m.markov_w2_s) {
+        bias = ggml_mul(ctx, bias, m.markov_w2_s);
+    }
+    return ggml_add(ctx, ggml_cont(ctx, slot_view(ctx, cand_logits, j, P, n_blocks)), bias);  // [K, n_blocks]
+}
+
 // DSpark chain over the P predicting slots: slot j's logits get W2·W1[prev] (head-dependent), and
 // prev becomes the token picked from the biased logits. prev starts at each block's anchor, read
-// as a strided view of the token input. Returns the biased logits (when asked for) [Vd, P·n_blocks].
+// as a strided view of the token input. With top_k > 0 (argmax drafting) the bias goes to each
+// slot's top-k base candidates only (vLLM's dspark_draft_topk): k rows of W2 per slot instead of
+// all. Returns the biased logits (when asked for, top_k 0 only) [Vd, P·n_blocks].
 static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m, dflash_block_graph & io,
                                   ggml_tensor * logits, ggml_tensor * hid, ggml_tensor * d2t_i32, int P, int n_blocks,
-                                  int block_len, bool want_logits) {
+                                  int block_len, bool want_logits, int top_k) {
     ggml_context * ctx = g.ctx;
+    ggml_tensor * cand = top_k > 0 ? ggml_top_k(ctx, logits, top_k) : nullptr;        // I32 [K, P·n_blocks]
+    ggml_tensor * cand_logits = cand ? dspark_gather_cols(ctx, logits, cand) : nullptr;  // [K, P·n_blocks]
     ggml_tensor * prev = chain_anchors(ctx, io, n_blocks, block_len);
     ggml_tensor * s = chain_state(ctx, m, n_blocks);
     ggml_tensor * out = logits;
     for (int j = 0; j < P; ++j) {
         ggml_tensor * e = ggml_get_rows(ctx, m.markov_w1, prev);  // [R, n_blocks]
         ggml_tensor * h = ggml_cont(ctx, slot_view(ctx, hid, j, P, n_blocks));
-        ggml_tensor * bias = g.mm(m.markov_w2, markov_input(g, m, e, h, &s), m.markov_w2_s);  // [Vd, n_blocks]
-        ggml_tensor * biased = ggml_add(ctx, slot_view(ctx, logits, j, P, n_blocks), bias);
-        if (io.filter) {
-            biased = filter_logits(ctx, biased, ggml_cont(ctx, slot_view(ctx, io.filter, j, P, n_blocks)));
-        }
+        ggml_tensor * r = markov_input(g, m, e, h, &s);
         if (m.conf_w) {
             io.conf_out.push_back(confidence(g, m, h, e));
         }
-        ggml_tensor * u = io.uniform ? ggml_view_2d(ctx, io.uniform, 1, n_blocks, ggml_element_size(io.uniform),
-                                                    io.uniform->nb[1] * j) : nullptr;
-        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(io, ctx, biased, u ? ggml_cont(ctx, u) : nullptr, io.inv_temp,
-                                                           io.greedy), d2t_i32);  // [n_blocks]
+        ggml_tensor * ids;  // the slot's pick in draft ids [n_blocks]
+        if (cand) {
+            ggml_tensor * cj = ggml_cont(ctx, slot_view(ctx, cand, j, P, n_blocks));  // I32 [K, n_blocks]
+            ggml_tensor * local = ggml_argmax(ctx, top_k_biased(g, m, cand_logits, cj, r, j, P, n_blocks));
+            ids = ggml_reshape_1d(ctx, dspark_gather_cols(ctx, cj, ggml_reshape_2d(ctx, local, 1, n_blocks)), n_blocks);
+        } else {
+            ggml_tensor * biased = ggml_add(ctx, slot_view(ctx, logits, j, P, n_blocks), g.mm(m.markov_w2, r, m.markov_w2_s));
+            if (io.filter) {
+                biased = filter_logits(ctx, biased, ggml_cont(ctx, slot_view(ctx, io.filter, j, P, n_blocks)));
+            }
+            ggml_tensor * u = io.uniform ? ggml_cont(ctx, ggml_view_2d(ctx, io.uniform, 1, n_blocks, ggml_element_size(io.uniform),
+                                                                         io.uniform->nb[1] * j)) : nullptr;
+            ids = pick_tokens(io, ctx, biased, u, io.inv_temp, io.greedy);
+            if (want_logits) {
+                out = ggml_set_2d_inplace(ctx, out, biased, logits->nb[1] * P, logits->nb[1] * j);
+            }
+        }
+        ggml_tensor * tok = to_target_ids(ctx, ids, d2t_i32);  // [n_blocks]
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
         prev = tok;
-        if (want_logits) {
-            out = ggml_set_2d_inplace(ctx, out, biased, logits->nb[1] * P, logits->nb[1] * j);
-        }
     }
     return out;
-}
-
-// The same chain restricted to each slot's top-k base candidates: the bias W2·r is computed for
-// the k candidate rows of W2 only (a batched [R, k] x [R, 1] product per block), and the argmax is
-// taken among the candidates. Greedy only, no logits out.
-static void markov_chain_top_k(const dspark_graph & g, const dflash_model & m, dflash_block_graph & io, ggml_tensor * logits,
-                               ggml_tensor * hid, ggml_tensor * d2t_i32, int P, int n_blocks, int block_len, int K) {
-    ggml_context * ctx = g.ctx;
-    const int64_t R = m.hp.markov_rank;
-    ggml_tensor * cand = ggml_top_k(ctx, logits, K);                // I32 [K, P·n_blocks], draft ids
-    ggml_tensor * cand_logits = dspark_gather_cols(ctx, logits, cand);  // [K, P·n_blocks]
-    ggml_tensor * prev = chain_anchors(ctx, io, n_blocks, block_len);
-    ggml_tensor * s = chain_state(ctx, m, n_blocks);
-    for (int j = 0; j < P; ++j) {
-        ggml_tensor * e = ggml_get_rows(ctx, m.markov_w1, prev);  // [R, n_blocks]
-        ggml_tensor * h = ggml_cont(ctx, slot_view(ctx, hid, j, P, n_blocks));
-        ggml_tensor * r = markov_input(g, m, e, h, &s);
-        ggml_tensor * cj = ggml_cont(ctx, slot_view(ctx, cand, j, P, n_blocks));              // I32 [K, n_blocks]
-        ggml_tensor * rows = ggml_get_rows(ctx, m.markov_w2, ggml_reshape_1d(ctx, cj, (int64_t) K * n_blocks));
-        rows = ggml_reshape_3d(ctx, rows, R, K, n_blocks);                                     // [R, K, n_blocks]
-        ggml_tensor * bias = ggml_mul_mat(ctx, rows, ggml_reshape_3d(ctx, r, R, 1, n_blocks));  // [K, 1, n_blocks]
-        bias = ggml_reshape_2d(ctx, bias, K, n_blocks);
-        if (m.markov_w2_s) {
-            bias = ggml_mul(ctx, bias, m.markov_w2_s);
-        }
-        ggml_tensor * biased = ggml_add(ctx, ggml_cont(ctx, slot_view(ctx, cand_logits, j, P, n_blocks)), bias);
-        if (m.conf_w) {
-            io.conf_out.push_back(confidence(g, m, h, e));
-        }
-        ggml_tensor * local = ggml_argmax(ctx, biased);                                      // [n_blocks]
-        ggml_tensor * picked = dspark_gather_cols(ctx, cj, ggml_reshape_2d(ctx, local, 1, n_blocks));  // [1, n_blocks]
-        ggml_tensor * tok = to_target_ids(ctx, ggml_reshape_1d(ctx, picked, n_blocks), d2t_i32);
-        ggml_set_output(tok);
-        io.tokens_out.push_back(tok);
-        prev = tok;
-    }
 }
 
 // Draft-vocab logits [Vd, n] -> target-vocab logits [V, n]: rows the draft cannot produce are -inf.
@@ -334,10 +324,9 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
     }
 
     const int top_k = std::min<int>(pick.markov_top_k, hp.n_vocab_draft);
-    if (markov && top_k > 0 && !pick.sample && !want_logits) {
-        markov_chain_top_k(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, top_k);
-    } else if (markov) {
-        logits = markov_chain(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits);
+    if (markov) {
+        const bool restricted = top_k > 0 && !pick.sample && !want_logits;  // argmax drafting only
+        logits = markov_chain(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits, restricted ? top_k : 0);
     } else {
         if (io.filter) {
             logits = filter_logits(ctx, logits, io.filter);
