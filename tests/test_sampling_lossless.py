@@ -79,16 +79,16 @@ def models(tmp_path_factory):
             "w2": w2, "reduced": DraftModel(reduced, target), "dflash": DraftModel(d / "dflash.gguf", target)}
 
 
-def _engine(target, draft, n_seq: int, mode: str = "probabilistic") -> Engine:
+def _engine(target, draft, n_seq: int, mode: str = "probabilistic", backend: bool = False) -> Engine:
     ctx = Context(target, n_ctx=n_seq * 32, n_seq_max=n_seq, n_batch=512, type_kv="f32", n_threads=1)
     dctx = DraftContext(draft, n_ctx=n_seq * 32, n_seq_max=n_seq, type_kv="f32", n_threads=1) if draft else None
-    return Engine(ctx, dctx, draft_mode=mode)
+    return Engine(ctx, dctx, draft_mode=mode, backend_sampling=backend)
 
 
-def _counts(target, draft, seed0: int, n_seq: int = 32) -> tuple[np.ndarray, object]:
+def _counts(target, draft, seed0: int, n_seq: int = 32, backend: bool = False) -> tuple[np.ndarray, object]:
     """counts[group, position, token] over N_PER_GROUP seeded runs per group; sequence i of a batch
     samples with GROUPS[i % 4], so every batch mixes all four."""
-    eng = _engine(target, draft, n_seq)
+    eng = _engine(target, draft, n_seq, backend=backend)
     counts = np.zeros((len(GROUPS), N_POS, V), dtype=np.int64)
     n_runs = N_PER_GROUP * len(GROUPS)
     for start in range(0, n_runs, n_seq):
@@ -129,9 +129,11 @@ def reference(models):
     return _counts(models["target"], None, seed0=10**6)[0]
 
 
-@pytest.mark.parametrize("draft", ["full", "reduced", "dflash"])
-def test_mixed_batch_has_the_target_distribution_at_every_position(models, reference, draft):
-    spec, st = _counts(models["target"], models[draft], seed0=0)
+@pytest.mark.parametrize("draft,backend", [("full", False), ("reduced", False), ("dflash", False), ("full", True),
+                                           ("reduced", True)])
+def test_mixed_batch_has_the_target_distribution_at_every_position(models, reference, draft, backend):
+    """backend: the verify graph computes p of each draft token and samples the bonus token."""
+    spec, st = _counts(models["target"], models[draft], seed0=0, backend=backend)
     assert st.n_accepted > (0.2 if draft != "dflash" else 0.01) * st.n_drafted > 0  # the draft really takes part
     assert st.drafted_at[3] > 0 and st.accepted_at[2 if draft != "dflash" else 0] > 0  # slots beyond 0 too
     worst = min((_p_same(spec[g, j], reference[g, j]), g, j) for g in range(len(GROUPS)) for j in range(N_POS))
@@ -256,3 +258,20 @@ def test_the_draft_samples_through_the_sequence_filters(models, draft):
     assert sampled.stats().n_accepted == greedy.stats().n_accepted
     if draft != "dflash":  # random weights: rarely right
         assert greedy.stats().n_accepted > 5
+
+
+@pytest.mark.parametrize("draft", ["full", "reduced"])
+def test_in_graph_and_host_rejection_sampling_draw_the_same_tokens(models, draft):
+    """The two paths read the sequence's stream in the same order (bonus, one per tested token, one
+    for a residual) and define p alike, so the same seeds give the same tokens."""
+    outs = []
+    for backend in (False, True):
+        eng = _engine(models["target"], models[draft], 8, backend=backend)
+        got = []
+        for s in range(8):
+            g = GROUPS[s % len(GROUPS)]
+            sp = SamplingParams(temperature=g.temperature, top_k=g.top_k, top_p=g.top_p, min_p=g.min_p,
+                                max_tokens=12, seed=100 + s)
+            got.append(eng.generate(PROMPT, sp, seq_id=s))
+        outs.append(got)
+    assert outs[0] == outs[1]

@@ -350,9 +350,10 @@ struct dspark_propose_params {
     int32_t  n_draft;      /* tokens to propose per sequence, 1 .. max_draft (same for every block) */
     int32_t  markov_top_k; /* > 0: add the Markov bias to each slot's top-k base candidates only (argmax
                               drafting): k rows of the Markov W2 per slot instead of all; 0 = exact */
-    float    temperature;  /* > 0 with sample: Gumbel-max sampling of each slot (and of the Markov chain) */
-    uint64_t seed;         /* noise seed when sampling: each block draws from its own stream of this
-                              seed and its sequence id, whatever else is proposed with it */
+    float    temperature;  /* > 0 with sample: each slot (and so the Markov chain) drawn in-graph from
+                              softmax(logits / temperature) by inverse CDF at one uniform per slot */
+    uint64_t seed;         /* seed of the uniforms when sampling: each block draws from its own stream of
+                              this seed and its sequence id, whatever else is proposed with it */
     bool     sample;       /* false: argmax chain (default) */
     bool     want_logits;  /* also return each drafted slot's full-vocabulary logits */
 };
@@ -365,10 +366,15 @@ DSPARK_API struct dspark_propose_params dspark_propose_default_params(void);
 DSPARK_API int32_t dspark_draft_propose(struct dspark_draft_context * dctx, int32_t n_seqs, const dspark_token * anchors,
                                         const dspark_pos * pos0, const dspark_seq_id * seq_ids,
                                         const struct dspark_propose_params * params);
+/* Propose graphs built and reused so far (a step of the same shape as the previous one reuses it). */
+DSPARK_API void dspark_draft_graph_counts(const struct dspark_draft_context * dctx, uint64_t * built, uint64_t * reused);
 /* [n_seqs][n_draft] token ids (target vocabulary), block-major. */
 DSPARK_API const dspark_token * dspark_draft_get_tokens(const struct dspark_draft_context * dctx, int32_t * n_seqs, int32_t * n_draft);
 /* [n_seqs][n_draft] confidence of each drafted token, or NULL without a confidence head. */
 DSPARK_API const float * dspark_draft_get_confidence(const struct dspark_draft_context * dctx);
+/* [n_seqs][n_draft] probability of each drafted token under the distribution it was drawn from
+ * (sample only; NULL otherwise): the q of speculative rejection sampling. */
+DSPARK_API const float * dspark_draft_get_probabilities(const struct dspark_draft_context * dctx);
 /* [n_seqs][n_draft][n_vocab] logits (-inf where a reduced vocab cannot reach), or NULL if not asked for. */
 DSPARK_API const float * dspark_draft_get_logits(const struct dspark_draft_context * dctx);
 
@@ -396,7 +402,7 @@ DSPARK_API int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int3
 
 enum dspark_draft_mode {
     DSPARK_DRAFT_GREEDY_CHAIN  = 0, /* argmax chain; accept by sampling the target and matching (llama.cpp) */
-    DSPARK_DRAFT_PROBABILISTIC = 1, /* sample the chain (Gumbel-max); accept with min(1, p/q), resample the residual */
+    DSPARK_DRAFT_PROBABILISTIC = 1, /* sample the chain in-graph; accept with min(1, p/q), resample the residual */
 };
 
 enum dspark_verify_schedule {

@@ -170,7 +170,8 @@ void dspark_context::validate(const dspark_batch & b, int32_t & n_out) const {
     }
 }
 
-void dspark_context::decode(const dspark_batch & b, const std::vector<target_sampling_group> * sampling, const float * uniforms) {
+void dspark_context::decode(const dspark_batch & b, const std::vector<target_sampling_group> * sampling, const float * uniforms,
+                            const float * probes) {
     int32_t n_out = 0;
     validate(b, n_out);
     std::vector<int32_t> slots;
@@ -181,7 +182,7 @@ void dspark_context::decode(const dspark_batch & b, const std::vector<target_sam
     // The batch's own cells take part in its attention: claim them now, give them back on failure.
     kv.commit(slots, b.pos, b.seq_id);
     try {
-        run(b, slots, n_out, sampling, uniforms);
+        run(b, slots, n_out, sampling, uniforms, probes);
     } catch (...) {
         kv.release(slots);
         n_outputs = 0;
@@ -213,7 +214,7 @@ const target_graph & dspark_context::graph_for(const target_graph_key & key,
 }
 
 void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & slots, int32_t n_out,
-                         const std::vector<target_sampling_group> * sampling, const float * uniforms) {
+                         const std::vector<target_sampling_group> * sampling, const float * uniforms, const float * probes) {
     const int T = b.n_tokens;
     const int n_kv = (int) kv.n_kv();
 
@@ -229,6 +230,12 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
     const target_graph & io = graph_for(key, sampling, &gf);
     if (io.uniforms) {
         dspark_set_input(io.uniforms, uniforms, sizeof(float) * n_out);
+    }
+    if (io.probe) {
+        if (!probes) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "a probing sampling group needs probe tokens");
+        }
+        dspark_set_input(io.probe, probes, sizeof(float) * n_out);
     }
 
     dspark_set_input(io.tokens, b.token, sizeof(int32_t) * T);
@@ -261,6 +268,10 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
         sampled.resize(n_out);
         for (size_t i = 0, row = 0; i < io.sampled.size(); ++i) {
             ggml_backend_tensor_get(io.sampled[i], sampled.data() + row, 0, ggml_nbytes(io.sampled[i]));
+            if (io.probed[i]) {
+                probed.resize(n_out);
+                ggml_backend_tensor_get(io.probed[i], probed.data() + row, 0, ggml_nbytes(io.probed[i]));
+            }
             row += (*sampling)[i].count;
         }
     } else {
@@ -271,4 +282,12 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
     }
     n_outputs = n_out;
     n_captured = io.captured ? T : 0;
+}
+
+void dspark_context::logits_row(int32_t row, float * out) const {
+    if (!has_sampled || !cached_gf || cached_gen != compute.generation || !cached_io.probe || row < 0 || row >= n_outputs) {
+        dspark_throw(DSPARK_STATUS_INTERNAL, "logits of output row %d are not kept", row);
+    }
+    const size_t size = cached_io.logits->nb[1];
+    ggml_backend_tensor_get(cached_io.logits, out, size * (size_t) row, size);
 }

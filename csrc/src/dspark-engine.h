@@ -56,7 +56,9 @@ struct dspark_engine {
         dspark_seq_state * s;
         std::vector<dspark_token> draft;     // tokens to verify after the anchor
         std::vector<float>        conf;
-        std::vector<float>        q_logits;  // [k][V] draft logits (probabilistic drafting)
+        std::vector<float>        q;         // [k] q of each drafted token (probabilistic drafting)
+        int draft_block = -1;                // its block in the last propose (to read a q row lazily)
+        float bonus_u = -1.0f;               // the bonus token's uniform, once drawn (rejection sampling)
         int row = 0;                         // first row in the verify batch
     };
     void draft_blocks(std::vector<plan> & plans);
@@ -65,6 +67,10 @@ struct dspark_engine {
     double verify_chunk(std::vector<plan> & plans, size_t begin, size_t end);
     std::vector<dspark_token> accept_greedy_chain(plan & p) const;
     std::vector<dspark_token> accept_rejection(plan & p);
+    void draft_q_row(int block, int slot, float temperature, std::vector<float> & q) const;
+    void target_p_row(int row, const dspark_sampler_params & sp, std::vector<float> & pd) const;
+    bool rejection_sampled(const plan & p) const;
+    float bonus_uniform(plan & p);
     void commit(plan & p, const std::vector<dspark_token> & out, int n_drafted_accepted);
     bool finished_by(dspark_seq_state & s, dspark_token t);
     void measure_verify_cost();

@@ -736,6 +736,19 @@ const float * dspark_draft_get_confidence(const struct dspark_draft_context * dc
     return dctx && !dctx->confidence.empty() ? dctx->confidence.data() : nullptr;
 }
 
+void dspark_draft_graph_counts(const struct dspark_draft_context * dctx, uint64_t * built, uint64_t * reused) {
+    if (built) {
+        *built = dctx ? dctx->n_graphs_built : 0;
+    }
+    if (reused) {
+        *reused = dctx ? dctx->n_graphs_reused : 0;
+    }
+}
+
+const float * dspark_draft_get_probabilities(const struct dspark_draft_context * dctx) {
+    return dctx && !dctx->probs.empty() ? dctx->probs.data() : nullptr;
+}
+
 const float * dspark_draft_get_logits(const struct dspark_draft_context * dctx) {
     return dctx && !dctx->logits.empty() ? dctx->logits.data() : nullptr;
 }

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import DSparkError, InvalidArgumentError
 from .sampling import SamplingParams
-from .speculative import DRAFT_MODES, SCHEDULES, SpeculativeConfig
+from .engine import draft_modes, schedules
+from .speculative import SpeculativeConfig
 
 if TYPE_CHECKING:
     from .llm import LLM
@@ -58,9 +59,9 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-draft-p-min", dest="p_min", type=float, metavar="P",
                    help=f"DSpark: cut the block where the draft's confidence drops below P "
                         f"(default: {d.p_min})")
-    g.add_argument("--spec-draft-mode", dest="draft_mode", choices=DRAFT_MODES,
+    g.add_argument("--spec-draft-mode", dest="draft_mode", choices=sorted(draft_modes()),
                    help=f"greedy chain or sampled chain with rejection sampling (default: {d.draft_mode})")
-    g.add_argument("--spec-schedule", dest="schedule", choices=SCHEDULES,
+    g.add_argument("--spec-schedule", dest="schedule", choices=sorted(schedules()),
                    help=f"verify a fixed block or DSpark's confidence schedule (default: {d.schedule})")
     g.add_argument("--backend-sampling", action="store_true", default=None,
                    help="sample the verify rows inside the target's graph")

@@ -10,7 +10,6 @@ import numpy as np
 from . import _lib
 from .errors import InvalidArgumentError
 
-DEFAULT_SEED = 0xFFFFFFFF
 
 
 @dataclass
@@ -61,7 +60,7 @@ class SamplingParams:
         lib, ffi = _lib.lib(), _lib.ffi()
         p = ffi.new("struct dspark_sampling_params *", lib.dspark_sampling_default_params())
         p.temperature, p.top_k, p.top_p, p.min_p = self.temperature, self.top_k, self.top_p, self.min_p
-        p.seed = DEFAULT_SEED if self.seed is None else self.seed
+        p.seed = _lib.lib().DSPARK_DEFAULT_SEED if self.seed is None else self.seed
         return p
 
 

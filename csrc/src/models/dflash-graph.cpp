@@ -89,10 +89,38 @@ static ggml_tensor * to_target_ids(ggml_context * ctx, ggml_tensor * ids, ggml_t
     return ggml_reshape_1d(ctx, t, t->ne[1]);
 }
 
-// The token a slot proposes: argmax of its logits [Vd, n_blocks], or a Gumbel-max sample (the
-// noise carries each block's temperature, see dflash_pick).
-static ggml_tensor * pick_tokens(const dspark_graph & g, ggml_tensor * logits, ggml_tensor * noise) {
-    return ggml_argmax(g.ctx, noise ? ggml_add(g.ctx, logits, noise) : logits);
+// One pick per column of logits [Vd, n]: the argmax where greedy is 1, elsewhere an inverse-CDF
+// draw from softmax(logits · inv_temp) at the column's uniform u: the first candidate whose
+// cumulative probability reaches u times the total (the total, not 1, so rounding can never pick a
+// candidate of probability 0). u, inv_temp, greedy: F32 [1, n]. Returns draft ids I32 [n] and, in
+// *prob, each pick's probability under the distribution it was drawn from [1, n].
+static ggml_tensor * sample_columns(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, ggml_tensor * inv_temp,
+                                    ggml_tensor * greedy, ggml_tensor ** prob) {
+    const int64_t Vd = logits->ne[0], n = logits->ne[1];
+    ggml_tensor * probs = ggml_soft_max(ctx, ggml_mul(ctx, logits, inv_temp));            // [Vd, n]
+    ggml_tensor * cum = ggml_cumsum(ctx, probs);
+    ggml_tensor * total = ggml_cont(ctx, ggml_view_2d(ctx, cum, 1, n, cum->nb[1], (Vd - 1) * ggml_element_size(cum)));
+    ggml_tensor * draw = ggml_mul(ctx, u, total);                                           // [1, n]
+    ggml_tensor * drawn = ggml_sum_rows(ctx, ggml_step(ctx, ggml_neg(ctx, ggml_sub(ctx, cum, draw))));  // candidates before it
+    ggml_tensor * index = ggml_reshape_2d(ctx, ggml_arange(ctx, 0.0f, (float) Vd, 1.0f), 1, Vd);
+    ggml_tensor * best = ggml_get_rows(ctx, index, ggml_argmax(ctx, logits));              // [1, n] as a number
+    ggml_tensor * pick = ggml_add(ctx, drawn, ggml_mul(ctx, greedy, ggml_sub(ctx, best, drawn)));
+    ggml_tensor * ids = ggml_reshape_1d(ctx, ggml_cast(ctx, pick, GGML_TYPE_I32), n);
+    *prob = dspark_gather_cols(ctx, probs, ggml_reshape_2d(ctx, ids, 1, n));                // [1, n]
+    ggml_set_output(*prob);
+    return ids;
+}
+
+// The token a slot proposes, argmax or drawn (io.uniform set); u / inv_temp / greedy as above.
+static ggml_tensor * pick_tokens(dflash_block_graph & io, ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u,
+                                 ggml_tensor * inv_temp, ggml_tensor * greedy) {
+    if (!io.uniform) {
+        return ggml_argmax(ctx, logits);
+    }
+    ggml_tensor * prob = nullptr;
+    ggml_tensor * ids = sample_columns(ctx, logits, u, inv_temp, greedy, &prob);
+    io.prob_out.push_back(prob);
+    return ids;
 }
 
 // ---- sampler filters ----------------------------------------------------------------------------
@@ -203,9 +231,10 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
         if (m.conf_w) {
             io.conf_out.push_back(confidence(g, m, h, e));
         }
-        ggml_tensor * noise = io.noise ? ggml_view_2d(ctx, io.noise, io.noise->ne[0], n_blocks, io.noise->nb[1],
-                                                      io.noise->nb[2] * j) : nullptr;
-        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(g, biased, noise), d2t_i32);  // [n_blocks]
+        ggml_tensor * u = io.uniform ? ggml_view_2d(ctx, io.uniform, 1, n_blocks, ggml_element_size(io.uniform),
+                                                    io.uniform->nb[1] * j) : nullptr;
+        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(io, ctx, biased, u ? ggml_cont(ctx, u) : nullptr, io.inv_temp,
+                                                           io.greedy), d2t_i32);  // [n_blocks]
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
         prev = tok;
@@ -279,9 +308,9 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
         io.mask_swa = dspark_graph_input(ctx, GGML_TYPE_F16, n_kv, n_tok, "inp_block_mask_swa");
     }
     if (pick.sample) {
-        io.noise = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hp.n_vocab_draft, n_blocks, P);
-        ggml_set_input(io.noise);
-        ggml_set_name(io.noise, "inp_gumbel");
+        io.uniform  = dspark_graph_input(ctx, GGML_TYPE_F32, n_blocks, P, "inp_draft_uniform");
+        io.inv_temp = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_blocks, "inp_draft_inv_temp");
+        io.greedy   = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_blocks, "inp_draft_greedy");
         if (pick.filter) {
             io.filter = dspark_graph_input(ctx, GGML_TYPE_F32, 3, (int64_t) P * n_blocks, "inp_filter");
         }
@@ -313,9 +342,19 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
         if (io.filter) {
             logits = filter_logits(ctx, logits, io.filter);
         }
-        ggml_tensor * noise = io.noise ? ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, io.noise, 0, 2, 1, 3)),
-                                                         hp.n_vocab_draft, (int64_t) P * n_blocks) : nullptr;
-        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(g, logits, noise), d2t_i32);  // [P·n_blocks]
+        // columns are block-major (b·P + j): the draws transposed to match, the per-block values repeated
+        ggml_tensor * u = nullptr, * inv_temp = nullptr, * greedy = nullptr;
+        if (io.uniform) {
+            const int64_t n = (int64_t) P * n_blocks;
+            u = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_transpose(ctx, io.uniform)), 1, n);
+            auto per_slot = [&](ggml_tensor * t) {
+                ggml_tensor * shape = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, P, n_blocks);
+                return ggml_reshape_2d(ctx, ggml_repeat(ctx, ggml_reshape_3d(ctx, t, 1, 1, n_blocks), shape), 1, n);
+            };
+            inv_temp = per_slot(io.inv_temp);
+            greedy = per_slot(io.greedy);
+        }
+        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(io, ctx, logits, u, inv_temp, greedy), d2t_i32);  // [P·n_blocks]
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
     }
@@ -323,6 +362,9 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
         g.expand(t);
     }
     for (ggml_tensor * t : io.conf_out) {
+        g.expand(t);
+    }
+    for (ggml_tensor * t : io.prob_out) {
         g.expand(t);
     }
     if (want_logits) {

@@ -20,9 +20,9 @@ dflash_inject_graph build_dflash_inject(const dspark_graph & g, const dflash_mod
 
 // How drafted tokens are picked from each slot's (biased) logits.
 struct dflash_pick {
-    // false: argmax; true: argmax(logits + noise), with noise = T · Gumbel per block: Gumbel-max
-    // sampling of softmax(logits / T), since scaling by T > 0 keeps the argmax (T = 0: argmax).
-    // Each block's temperature lives in its noise, so blocks sample at their own temperatures.
+    // false: argmax; true: each slot of each block drawn in-graph from softmax(logits / T_block)
+    // by inverse CDF at one uniform per slot (inputs uniform, inv_temp, greedy); blocks whose
+    // greedy flag is set take the argmax. Each block samples at its own temperature.
     bool  sample       = false;
     // with sample: each block's own sampler filters (top-k, top-p, min-p) cut its logits first
     // (input `filter`); the logits returned are the filtered ones, which q must be taken from
@@ -41,12 +41,16 @@ struct dflash_block_graph {
     ggml_tensor * kv_idx   = nullptr;  // I64 [B·n_blocks]
     ggml_tensor * mask     = nullptr;  // F16 [n_kv, B·n_blocks]
     ggml_tensor * mask_swa = nullptr;  // F16 [n_kv, B·n_blocks], sliding-window layers only
-    ggml_tensor * noise    = nullptr;  // F32 [Vd, n_blocks, P] temperature-scaled Gumbel noise when sampling
+    ggml_tensor * uniform  = nullptr;  // F32 [n_blocks, P] when sampling: slot j's draws in row j, in (0, 1)
+    ggml_tensor * inv_temp = nullptr;  // F32 [1, n_blocks] 1 / temperature of each block (1 for greedy ones)
+    ggml_tensor * greedy   = nullptr;  // F32 [1, n_blocks] 1 = argmax, 0 = sample
     ggml_tensor * filter   = nullptr;  // F32 [3, P·n_blocks] per slot, block-major: (sorted index of the
                                        // top-k's last, top_p, log min_p); see dflash_filter_row
     // outputs
     std::vector<ggml_tensor *> tokens_out;  // per predicting slot: I32 [n_blocks], target ids
     std::vector<ggml_tensor *> conf_out;    // per predicting slot: F32 [1, n_blocks] (confidence head)
+    std::vector<ggml_tensor *> prob_out;    // as tokens_out when sampling: F32 [1, ...] probability of each
+                                            // drafted token under the distribution it was drawn from
     ggml_tensor * logits = nullptr;         // F32 [V, P·n_blocks] when asked for (full vocabulary)
 };
 

@@ -128,12 +128,26 @@ target_graph build_target_graph(const dspark_graph & g, const target_model & m, 
         // only the sampled ids leave the backend
         io.uniforms = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_outputs, "inp_uniforms");
         for (const target_sampling_group & sg : *sampling) {
+            if (sg.probe && !io.probe) {
+                io.probe = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_outputs, "inp_probe");
+                ggml_set_output(io.logits);  // kept on the backend: a rejection reads one row back
+            }
+        }
+        for (const target_sampling_group & sg : *sampling) {
             ggml_tensor * rows = ggml_view_2d(ctx, io.logits, io.logits->ne[0], sg.count, io.logits->nb[1], io.logits->nb[1] * sg.begin);
             ggml_tensor * u = ggml_view_2d(ctx, io.uniforms, 1, sg.count, io.uniforms->nb[1], io.uniforms->nb[1] * sg.begin);
-            ggml_tensor * ids = dspark_build_sampler(ctx, rows, u, sg.params);
+            ggml_tensor * probe = sg.probe ? ggml_view_2d(ctx, io.probe, 1, sg.count, io.probe->nb[1], io.probe->nb[1] * sg.begin)
+                                           : nullptr;
+            ggml_tensor * prob = nullptr;
+            ggml_tensor * ids = dspark_build_sampler(ctx, rows, u, sg.params, probe, &prob);
             ggml_set_output(ids);
             g.expand(ids);
             io.sampled.push_back(ids);
+            if (prob) {
+                ggml_set_output(prob);
+                g.expand(prob);
+            }
+            io.probed.push_back(prob);
         }
         return io;
     }

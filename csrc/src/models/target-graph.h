@@ -20,16 +20,19 @@ struct target_graph {
     ggml_tensor * captured = nullptr; // [len(capture)·E, T]: residual stream entering each layer id
     // in-graph sampling (backend sampling)
     ggml_tensor * uniforms = nullptr;        // F32 [1, n_outputs]
+    ggml_tensor * probe    = nullptr;        // F32 [1, n_outputs] token ids as numbers, when a group probes
     std::vector<ggml_tensor *> sampled;      // I32 per sampling group, in output-row order
+    std::vector<ggml_tensor *> probed;       // F32 [1, count] per probing group (null for the others)
 };
 
 // Output rows [begin, begin+count) sampled in-graph with one set of parameters.
 struct target_sampling_group {
     int begin = 0, count = 0;
     dspark_sampler_params params;
+    bool probe = false;  // also the chain's probability of each row's probe token (rejection sampling)
 
     bool operator==(const target_sampling_group & o) const {
-        return begin == o.begin && count == o.count && params.temperature == o.params.temperature &&
+        return begin == o.begin && count == o.count && probe == o.probe && params.temperature == o.params.temperature &&
                params.top_k == o.params.top_k && params.top_p == o.params.top_p && params.min_p == o.params.min_p;
     }
 };
