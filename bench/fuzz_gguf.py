@@ -1,6 +1,7 @@
 """Long GGUF fuzzing runs: mutants of tiny models of every architecture and draft kind and of the
-demo pair (see tests/gguf_fuzz.py), each loaded and run in a worker subprocess with a memory and
-time limit. Prints the outcome counts; crashes and hangs are saved with their seed and index.
+demo pair (tests/gguf_mutate.py), each loaded and run in a worker subprocess with a memory and
+time limit (tests/gguf_fuzz.py). Prints the outcome counts; crashes and hangs are saved with their
+seed and index.
 
     python bench/fuzz_gguf.py --n 20000 [--seed 1] [--hf-archs] [--extra FILE.gguf[:TARGET.gguf] ...]
 

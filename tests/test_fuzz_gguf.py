@@ -1,6 +1,6 @@
 """Mutated GGUFs never crash or hang the process: each mutant (structure-aware, see
-tests/gguf_fuzz.py) is loaded and, if it loads, generates a few tokens greedy and sampled in a
-worker subprocess with a memory and time limit. A signal or a hang fails the test with the mutant
+tests/gguf_mutate.py) is loaded and, if it loads, generates a few tokens greedy and sampled in a
+worker subprocess with a memory and time limit (tests/gguf_fuzz.py). A signal or a hang fails the test with the mutant
 saved; a Python exception that is not a DSparkError (no clear message) fails it too.
 
 A fixed seed and a few hundred mutants here; `python bench/fuzz_gguf.py --n 20000` for long runs.
@@ -8,12 +8,12 @@ A fixed seed and a few hundred mutants here; `python bench/fuzz_gguf.py --n 2000
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from dspark_ggml.tiny import TargetConfig, write_target
-from tests.gguf_fuzz import Base, default_bases, mutate, parse, run, serialize
+from tests.gguf_fuzz import Base, default_bases, run
+from tests.gguf_mutate import mutate, parse, serialize
 
 SEED = 13
 

@@ -137,3 +137,37 @@ def test_random_requests_raise_or_succeed_and_leave_a_usable_engine(pair, seed):
             dctx.kv.clear()
             assert eng.generate(PROMPT, SamplingParams(max_tokens=12)) == ref, f"seed {seed}, after call {i} ({what})"
     assert outcomes["ok"] > 30 and outcomes["refused"] > 30, outcomes
+
+
+def test_random_generate_options_raise_or_succeed_and_leave_a_usable_llm(pair):
+    """The same one level up: LLM.generate / generate_batch with random prompts and options."""
+    from dspark_ggml.llm import LLM
+
+    target, draft = pair
+    rng = np.random.default_rng(4)
+    with LLM(target.path, draft_model_path=draft.path, n_ctx=N_CTX, n_seq_max=2, n_threads=1) as llm:
+        ref = llm.generate(PROMPT, max_tokens=12).tokens
+        outcomes = {"ok": 0, "refused": 0}
+        for i in range(120):
+            prompt = _ints(rng, -1 if rng.random() < 0.1 else 0, V + (1 if rng.random() < 0.1 else 0),
+                           int(rng.integers(0, 80)))
+            bad = rng.random() < 0.5  # half the calls have one bad value or more
+            options = dict(temperature=float(rng.choice(FLOATS if bad else [0.0, 0.7, 1.3])),
+                           top_k=int(rng.choice([0, 3, -1] if bad else [0, 3])),
+                           top_p=float(rng.choice([1.0, 0.5, 0.0, math.nan] if bad else [1.0, 0.5])),
+                           min_p=float(rng.choice([0.0, 0.2, 2.0] if bad else [0.0, 0.2])),
+                           max_tokens=int(rng.choice([1, 5, 0, -3, 100] if bad else [1, 5, 100])),
+                           stop_token_ids=_ints(rng, -1, V + 1, int(rng.integers(0, 3))), seed=int(rng.integers(0, 1000)))
+            try:
+                if rng.random() < 0.3:
+                    llm.generate_batch([prompt, PROMPT], [SamplingParams(**options), SamplingParams(max_tokens=3)])
+                else:
+                    llm.generate(prompt, **options)
+                outcomes["ok"] += 1
+            except DSparkError:
+                outcomes["refused"] += 1
+            except Exception as e:  # noqa: BLE001
+                pytest.fail(f"call {i}: {type(e).__name__}: {e} (prompt {prompt}, {options})")
+            assert llm.context.kv_n_used == 0, f"call {i}"
+        assert llm.generate(PROMPT, max_tokens=12).tokens == ref
+        assert outcomes["ok"] > 10 and outcomes["refused"] > 10, outcomes
