@@ -73,7 +73,7 @@ static bool flash_attn_supported(const dspark_compute & c, int head_dim, int n_h
     return ok;
 }
 
-dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p) : model(m) {
+dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p) : dspark_runtime(m) {
     if (!model.target) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "%s: not a target model", model.path().c_str());
     }
@@ -191,28 +191,6 @@ void dspark_context::decode(const dspark_batch & b, const std::vector<target_sam
     }
 }
 
-const target_graph & dspark_context::graph_for(const target_graph_key & key,
-                                               const std::vector<target_sampling_group> * sampling, ggml_cgraph ** gf) {
-    if (cached_gf && cached_gen == compute.generation && cached_key == key) {
-        n_graphs_reused++;
-        *gf = cached_gf;
-        return cached_io;
-    }
-    cached_gf = nullptr;  // until the new one is complete
-    ggml_context * ctx = compute.begin();
-    ggml_cgraph * g_new = compute.new_graph(ctx);
-    dspark_graph g = {ctx, g_new, pad_odd_columns};
-    cached_io = build_target_graph(g, *model.target, kv, key.n_tokens, key.n_outputs, key.n_kv, key.capture, flash_attn,
-                                   sampling);
-    compute.alloc(g_new);
-    cached_gf = g_new;
-    cached_key = key;
-    cached_gen = compute.generation;
-    n_graphs_built++;
-    *gf = g_new;
-    return cached_io;
-}
-
 void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & slots, int32_t n_out,
                          const std::vector<target_sampling_group> * sampling, const float * uniforms, const float * probes) {
     const int T = b.n_tokens;
@@ -226,8 +204,10 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
     if (sampling) {
         key.sampling = *sampling;
     }
-    ggml_cgraph * gf = nullptr;
-    const target_graph & io = graph_for(key, sampling, &gf);
+    ggml_cgraph * gf = graph_for(graph, key, [&](const dspark_graph & g) {
+        cached_io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn, sampling);
+    });
+    const target_graph & io = cached_io;
     if (io.uniforms) {
         dspark_set_input(io.uniforms, uniforms, sizeof(float) * n_out);
     }
@@ -285,7 +265,7 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
 }
 
 void dspark_context::logits_row(int32_t row, float * out) const {
-    if (!has_sampled || !cached_gf || cached_gen != compute.generation || !cached_io.probe || row < 0 || row >= n_outputs) {
+    if (!has_sampled || !graph.valid(compute) || !cached_io.probe || row < 0 || row >= n_outputs) {
         dspark_throw(DSPARK_STATUS_INTERNAL, "logits of output row %d are not kept", row);
     }
     const size_t size = cached_io.logits->nb[1];

@@ -3,20 +3,12 @@
 #pragma once
 
 #include "dspark.h"
-#include "dspark-compute.h"
-#include "dspark-kv-cache.h"
-#include "dspark-model.h"
+#include "dspark-runtime.h"
 #include "models/target-graph.h"
 
 #include <vector>
 
-struct dspark_context {
-    dspark_model &         model;
-    dspark_context_params  params;
-    dspark_kv_cache        kv;
-    dspark_compute         compute;
-    bool                   flash_attn = true;
-    bool                   pad_odd_columns = false;  // CPU: see dspark_graph
+struct dspark_context : dspark_runtime {
     uint32_t               n_outputs_max = 0;  // rows of the logits buffer
 
     std::vector<int32_t>   capture;            // layer ids whose inputs are captured
@@ -27,7 +19,6 @@ struct dspark_context {
     std::vector<int32_t>   sampled;            // [n_outputs] ids sampled in-graph by the last decode
     std::vector<float>     probed;             // [n_outputs] probe-token probabilities (probing groups' rows)
     bool                   has_sampled = false;
-    uint64_t               n_graphs_built = 0, n_graphs_reused = 0;  // decode graphs (statistics)
 
     dspark_context(dspark_model & model, const dspark_context_params & params);  // throws
 
@@ -48,14 +39,8 @@ struct dspark_context {
     void run(const dspark_batch & batch, const std::vector<int32_t> & slots, int32_t n_out,
              const std::vector<target_sampling_group> * sampling, const float * uniforms, const float * probes);
     void reserve_worst_case();
-    // Build the graph for `key`, or keep the last one when it was built for the same key.
-    const target_graph & graph_for(const target_graph_key & key, const std::vector<target_sampling_group> * sampling,
-                                   ggml_cgraph ** gf);
-
-    target_graph       cached_io;
-    target_graph_key   cached_key;
-    ggml_cgraph *      cached_gf  = nullptr;
-    uint64_t           cached_gen = 0;  // compute.generation when it was built
+    target_graph                        cached_io;     // of the graph in `graph`
+    dspark_graph_cache<target_graph_key> graph;
 };
 
 // Resolve defaults (0 / negative sentinels) and check ranges; throws INVALID_ARGUMENT.

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <set>
 
-dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_context_params & p) : model(m) {
+dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_context_params & p) : dspark_runtime(m) {
     if (!model.draft) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "%s: not a DFlash/DSpark draft model", model.path().c_str());
     }
@@ -224,27 +224,6 @@ void dspark_draft_context::set_sampling_inputs(const dspark_propose_request & r,
     dspark_set_input(io.greedy, greedy.data(), greedy.size() * sizeof(float));
 }
 
-ggml_cgraph * dspark_draft_context::graph_for(const draft_graph_key & key, const dflash_pick & pick) {
-    if (cached_gf && cached_gen == compute.generation && cached_key == key) {
-        n_graphs_reused++;
-        return cached_gf;
-    }
-    cached_gf = nullptr;
-    ggml_context * ctx = compute.begin();
-    ggml_cgraph * gf = compute.new_graph(ctx);
-    dspark_graph g = {ctx, gf, pad_odd_columns};
-    // the context rows are written to the cache before the block reads it (graph order)
-    cached_inj = key.n_rows > 0 ? build_dflash_inject(g, *model.draft, kv, key.n_rows) : dflash_inject_graph();
-    cached_io = build_dflash_block(g, *model.draft, kv, d2t_i32, key.n_seqs, key.block_len, key.n_kv, flash_attn, key.logits,
-                                   pick);
-    compute.alloc(gf);
-    cached_gf = gf;
-    cached_key = key;
-    cached_gen = compute.generation;
-    n_graphs_built++;
-    return gf;
-}
-
 void dspark_draft_context::run_propose(const dspark_propose_request & r, const std::vector<int32_t> & inj_slots,
                                        const std::vector<int32_t> & slots) {
     const int B = block_len(r.n_draft);
@@ -262,7 +241,12 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
     key.sample = r.pick.sample;
     key.filter = r.pick.filter;
     key.markov_top_k = r.pick.markov_top_k;
-    ggml_cgraph * gf = graph_for(key, r.pick);
+    ggml_cgraph * gf = graph_for(graph, key, [&](const dspark_graph & g) {
+        // the context rows are written to the cache before the block reads it (graph order)
+        cached_inj = key.n_rows > 0 ? build_dflash_inject(g, *model.draft, kv, key.n_rows) : dflash_inject_graph();
+        cached_io = build_dflash_block(g, *model.draft, kv, d2t_i32, key.n_seqs, key.block_len, key.n_kv, flash_attn,
+                                       key.logits, r.pick);
+    });
     const dflash_inject_graph & inj = cached_inj;
     const dflash_block_graph & io = cached_io;
     if (n_rows > 0) {
@@ -349,8 +333,7 @@ void dspark_draft_context::read_results(const dspark_propose_request & r, const 
         read_slots(io.prob_out, n_seqs, n_draft, probs);
     }
     logits.clear();
-    kept_logits = io.logits;
-    kept_gen = compute.generation;
+    kept_logits = io.logits != nullptr;
     if (io.logits && r.want_logits) {
         logits.resize((size_t) ggml_nelements(io.logits));
         ggml_backend_tensor_get(io.logits, logits.data(), 0, logits.size() * sizeof(float));
@@ -358,9 +341,9 @@ void dspark_draft_context::read_results(const dspark_propose_request & r, const 
 }
 
 void dspark_draft_context::logits_row(int32_t block, int32_t slot, float * out) const {
-    if (!kept_logits || kept_gen != compute.generation || block < 0 || block >= n_seqs || slot < 0 || slot >= n_draft) {
+    if (!kept_logits || !graph.valid(compute) || block < 0 || block >= n_seqs || slot < 0 || slot >= n_draft) {
         dspark_throw(DSPARK_STATUS_INTERNAL, "draft logits of block %d slot %d are not available", block, slot);
     }
-    const size_t row = kept_logits->nb[1];
-    ggml_backend_tensor_get(kept_logits, out, row * ((size_t) block * n_draft + slot), row);
+    const size_t row = cached_io.logits->nb[1];
+    ggml_backend_tensor_get(cached_io.logits, out, row * ((size_t) block * n_draft + slot), row);
 }

@@ -2,11 +2,8 @@
 // of speculative drafting — inject features of committed target positions, and propose blocks.
 #pragma once
 
-#include "dspark.h"
-#include "dspark-compute.h"
-#include "dspark-kv-cache.h"
+#include "dspark-runtime.h"
 #include "dspark-sampler.h"
-#include "dspark-model.h"
 #include "models/dflash-graph.h"
 
 #include <random>
@@ -47,13 +44,7 @@ struct dspark_propose_request {
     const dspark_seq_id * inject_seq = nullptr;
 };
 
-struct dspark_draft_context {
-    dspark_model &        model;
-    dspark_context_params params;
-    dspark_kv_cache       kv;
-    dspark_compute        compute;
-    bool                  flash_attn = true;
-    bool                  pad_odd_columns = false;  // CPU: see dspark_graph
+struct dspark_draft_context : dspark_runtime {
 
     // results of the last propose, block-major: [n_seqs][n_draft] (logits: [n_seqs][n_draft][V])
     int32_t               n_seqs  = 0;
@@ -62,7 +53,6 @@ struct dspark_draft_context {
     std::vector<float>    confidence;
     std::vector<float>    probs;       // when sampling: each token's probability under its draw's distribution
     std::vector<float>    logits;
-    uint64_t              n_graphs_built = 0, n_graphs_reused = 0;  // propose graphs (statistics)
 
     // One slot's full-vocabulary logits of the last propose (want_logits or keep_logits), read from
     // the backend; out has n_vocab floats. Throws if they are not there any more.
@@ -90,13 +80,9 @@ struct dspark_draft_context {
                      const std::vector<int32_t> & block_slots);
     void read_results(const dspark_propose_request & req, const dflash_block_graph & io);
     void set_sampling_inputs(const dspark_propose_request & req, const dflash_block_graph & io) const;
-    ggml_tensor *         kept_logits = nullptr;  // the last propose's logits tensor, valid while
-    uint64_t              kept_gen    = 0;        // compute.generation is this
-    ggml_cgraph * graph_for(const draft_graph_key & key, const dflash_pick & pick);
-    dflash_inject_graph   cached_inj;
+    dflash_inject_graph   cached_inj;  // of the graph in `graph`
     dflash_block_graph    cached_io;
-    draft_graph_key       cached_key;
-    ggml_cgraph *         cached_gf  = nullptr;
-    uint64_t              cached_gen = 0;
+    dspark_graph_cache<draft_graph_key> graph;
+    bool                  kept_logits = false;  // the last propose's logits stay in cached_io
     void reserve_worst_case();
 };
