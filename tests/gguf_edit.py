@@ -36,9 +36,17 @@ def rewrite_gguf(src: Path, dst: Path, *, drop_keys: tuple[str, ...] = (), set_k
         if isinstance(value, bool):
             w.add_bool(name, value)
         elif isinstance(value, int):
-            w.add_uint32(name, value)
+            # uint32 as llama.cpp writes counts; wider or negative values keep their magnitude
+            if 0 <= value < 2**32:
+                w.add_uint32(name, value)
+            elif value >= 2**32:
+                w.add_uint64(name, value)
+            else:
+                w.add_int64(name, value)
         elif isinstance(value, float):
             w.add_float32(name, value)
+        elif isinstance(value, (list, tuple)):
+            w.add_array(name, list(value))
         else:
             w.add_string(name, str(value))
     tensors = dict(tensors or {})

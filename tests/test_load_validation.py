@@ -105,23 +105,7 @@ def test_zero_epsilon_is_allowed(tmp_path, good):
 
 
 def test_huge_dimension_does_not_wrap(tmp_path, good):
-    r = gguf.GGUFReader(good[0])
-    w = gguf.GGUFWriter(tmp_path / "huge.gguf", "qwen3")
-    for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        if name == "qwen3.attention.head_count":
-            w.add_uint64(name, (1 << 32) + 4)  # 4 after a 32-bit wrap
-        elif field.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_array(name, field.contents())
-        else:
-            w.add_key_value(name, field.contents(), field.types[0])
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    rewrite_gguf(good[0], tmp_path / "huge.gguf", set_keys={"qwen3.attention.head_count": (1 << 32) + 4})  # 4 after a wrap
     with pytest.raises(FileFormatError, match=r"huge.gguf.*'qwen3.attention.head_count' = 4294967300 is out of range"):
         Model(tmp_path / "huge.gguf")
 

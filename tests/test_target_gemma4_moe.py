@@ -185,25 +185,9 @@ def test_sliding_window_pattern_of_the_wrong_length_is_refused(models, tmp_path)
     import gguf
 
     _, dense = models("gemma4-dense")
-    r = gguf.GGUFReader(dense)
-    pattern = list(r.fields["gemma4.attention.sliding_window_pattern"].contents())
-    bad = tmp_path / "pattern.gguf"
-    w = gguf.GGUFWriter(bad, "gemma4")
-    for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        if name == "gemma4.attention.sliding_window_pattern":
-            w.add_array(name, pattern[:-1])
-        elif field.types[0] == gguf.GGUFValueType.ARRAY:
-            w.add_array(name, field.contents())
-        else:
-            w.add_key_value(name, field.contents(), field.types[0])
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    key = "gemma4.attention.sliding_window_pattern"
+    pattern = [bool(x) for x in gguf.GGUFReader(dense).fields[key].contents()]
+    bad = _corrupt(dense, tmp_path / "pattern.gguf", set_keys={key: pattern[:-1]})
     with pytest.raises(DSparkError, match="sliding_window_pattern"):
         Model(bad)
 
