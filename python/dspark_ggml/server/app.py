@@ -87,11 +87,12 @@ async def _generate(state: ServerState, request: Request, parse: Any) -> Any:
     method = "none" if req.speculative is not None and req.speculative.off else llm.method
     builder = ResponseBuilder(req.endpoint, state.config.model_id, method, len(tokens))
     if req.stream:
-        response = await respond_stream(submission, builder, req.n, req.include_usage)
+        response: Response = await respond_stream(submission, builder, req.n, req.include_usage)
     else:
         result = await respond_whole(submission, builder, req.n, request.receive)
+        # 499 (nginx's "client closed request"): nobody reads it, the metrics count it
         response = JSONResponse(result) if result is not None else Response(status_code=499)
-    state.metrics.record_response(200)
+    state.metrics.record_response(response.status_code)
     return response
 
 

@@ -36,11 +36,10 @@ class QueueFullError(Exception):
 
 @dataclass
 class Failure:
-    """A sequence that ended with an error; ``started`` = some of its tokens were delivered."""
+    """A sequence (choice ``index``) that ended with an error."""
 
     index: int
     error: Exception
-    started: bool
 
 
 @dataclass(eq=False)
@@ -51,7 +50,7 @@ class Job:
     speculative: SpecOverride | None
     deliver: Callable[[object], None]
     cancelled: bool = False
-    started: bool = False
+    finished: bool = False
 
 
 @dataclass(eq=False)
@@ -143,9 +142,13 @@ class Scheduler:
                     self._waiting.clear()
                     return
                 arrivals = self._take_arrivals()
-            self._drop_cancelled()
-            self._admit(arrivals)
-            self._step_all()
+            try:
+                self._drop_cancelled()
+                self._admit(arrivals)
+                self._step_all()
+            except Exception as e:  # noqa: BLE001 (a bug here must not leave every client waiting)
+                log.exception("engine loop error: failing the requests in flight")
+                self._fail_all(arrivals, e)
 
     def _take_arrivals(self) -> list[Job]:
         """Waiting jobs that get a slot now (cancelled ones are dropped on the way). Lock held."""
@@ -211,7 +214,6 @@ class Scheduler:
         if chunk.finish_reason is not None:
             self._finish(slot, chunk)
         else:
-            slot.job.started = True
             slot.job.deliver(chunk)
 
     def _finish(self, slot: _Slot, chunk: GenerationChunk) -> None:
@@ -232,13 +234,29 @@ class Scheduler:
 
     def _fail(self, job: Job, error: Exception) -> None:
         self._done(job, "error")
-        job.deliver(Failure(job.request.index, error, job.started))
+        job.deliver(Failure(job.request.index, error))
 
     def _done(self, job: Job, reason: str) -> None:
-        """A job leaves the server."""
+        """A job leaves the server (once)."""
         with self._cv:
+            if job.finished:
+                return
+            job.finished = True
             self._admitted -= 1
         self._metrics.record_finish(reason)
+
+    def _fail_all(self, arrivals: list[Job], error: Exception) -> None:
+        """After an unexpected error: end every running sequence and this round's arrivals."""
+        for slot in list(self._slots.values()):
+            try:
+                slot.engine.remove(slot.seq_id)
+            except Exception:  # noqa: BLE001 (best effort: the engine may be what failed)
+                pass
+            del self._slots[slot.seq_id]
+            self._fail(slot.job, error)
+        for job in arrivals:
+            if not job.finished:
+                self._fail(job, error)
 
     def _free_slot(self) -> int:
         return min(set(range(self.n_slots)) - set(self._slots))
