@@ -40,6 +40,7 @@ def server(tmp_path_factory):
     srv = ServerProcess([*COMMON, "-np", "8", "--queue-size", "120", "--max-body", str(MAX_BODY)], log, KEY)
     yield srv
     assert srv.terminate() == 0, srv.log()
+    assert "Traceback" not in srv.log(), srv.log()  # no request ended in an internal error
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,7 @@ def small_server(tmp_path_factory):
     srv = ServerProcess([*COMMON, "-np", "1", "--queue-size", "0", "-c", "8192"], log)
     yield srv
     assert srv.terminate() == 0, srv.log()
+    assert "Traceback" not in srv.log(), srv.log()
 
 
 @pytest.fixture(scope="module")
@@ -336,10 +338,12 @@ def test_disconnect_while_waiting_for_a_whole_response(small_server):
 def test_full_queue_is_503(small_server):
     with small_server.client() as http:
         with http.stream("POST", "/v1/completions", json=LONG_REQUEST) as r:
-            assert next(r.iter_lines()).startswith("data: ")  # it holds the only slot now
+            lines = r.iter_lines()  # kept: a dropped iterator closes the connection
+            assert next(lines).startswith("data: ")  # it holds the only slot now
             t0 = time.monotonic()
             refused = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
             health_s = _timed(lambda: http.get("/health"))
+            assert read_metrics(http)["dspark_slots_busy"] == 1  # the long one still runs
             assert time.monotonic() - t0 < 10
         assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["type"] == "unavailable_error"
@@ -349,6 +353,58 @@ def test_full_queue_is_503(small_server):
 
 
 LONG_REQUEST = {"prompt": PROMPTS[0], "max_tokens": 6000, "stream": True}
+
+
+# ---- loading ------------------------------------------------------------------------------------
+
+def test_health_is_503_while_loading():
+    """Until the model is loaded /health (and every other endpoint) answers 503 with Retry-After."""
+    import uvicorn
+
+    from dspark_ggml.server.app import create_app
+    from dspark_ggml.server.config import ServerConfig
+    from dspark_ggml.server.state import ServerState
+    from server_process import free_port
+
+    release = threading.Event()
+
+    def load() -> LLM:
+        release.wait(30)
+        return LLM(TARGET_PATH, n_threads=1)
+
+    port = free_port()
+    state = ServerState(ServerConfig(port=port, n_slots=1), load)
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run)  # not the main thread: uvicorn leaves signals alone
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _status(url + "/health") == 503)
+        r = httpx.get(url + "/health")
+        assert r.json()["status"] == "loading" and int(r.headers["retry-after"]) >= 1
+        assert httpx.post(url + "/v1/completions", json={"prompt": "x"}).status_code == 503
+        release.set()
+        wait_for(lambda: _status(url + "/health") == 200)
+        assert httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    finally:
+        release.set()
+        server.should_exit = True
+        thread.join(30)
+    assert state.llm is None  # the lifespan's end freed it
+
+
+def _status(url: str) -> int | None:
+    try:
+        return httpx.get(url, timeout=2).status_code
+    except httpx.TransportError:
+        return None
+
+
+def wait_for(cond, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
 
 
 # ---- SIGTERM --------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import DSparkError
@@ -78,7 +79,9 @@ async def _generate(state: ServerState, request: Request, parse: Any) -> Any:
     body = await read_json(request, state.config.max_body_bytes)
     req = parse(body, state.config.sampling, state.config.n_slots)
     state.metrics.record_request(req.endpoint)
-    tokens = prompt_tokens(llm, req)
+    # tokenizing (and rendering a chat template) is pure Python: off the event loop, so that a long
+    # prompt does not stall the streams of everyone else
+    tokens = await run_in_threadpool(prompt_tokens, llm, req)
     requests = choice_requests(llm, req, tokens)
     try:
         submission = Submission(scheduler, requests, req.speculative)

@@ -33,14 +33,16 @@ def serve(config: ServerConfig, load: Callable[[], LLM], log_level: str = "info"
         if server is not None:
             server.should_exit = True
 
-    state = ServerState(config, load, on_load_failure=load_failed)
+    def ready() -> None:
+        print(f"dspark-ggml serve: serving {config.model_id} on http://{config.host}:{config.port} "
+              f"({config.n_slots} slots)", file=sys.stderr, flush=True)
+
+    state = ServerState(config, load, on_load_failure=load_failed, on_ready=ready)
     uv_config = uvicorn.Config(create_app(state), host=config.host, port=config.port, log_level=log_level,
                                timeout_graceful_shutdown=config.shutdown_timeout, access_log=False,
                                lifespan="on", server_header=False)
     server = uvicorn.Server(uv_config)
     signal.signal(signal.SIGTERM, _drained)
-    print(f"dspark-ggml serve: listening on http://{config.host}:{config.port} (loading the model)",
-          file=sys.stderr, flush=True)
     server.run()
     return 1 if state.load_error is not None else 0
 

@@ -38,14 +38,18 @@ async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> tuple[boo
     (``work`` is then cancelled)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(wait_disconnect(receive))
+    finished = False
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finished = task in done
     finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-    if task.done() and not task.cancelled():
-        return True, task.result()
+        for t in (watcher, task):
+            t.cancel()
+        # let both unwind before going on: a generator the work was iterating can only be closed
+        # once the task has left it
+        await asyncio.gather(watcher, task, return_exceptions=True)
+    if finished:
+        return True, task.result()  # the work's own exception, if it raised
     return False, None
 
 

@@ -26,10 +26,12 @@ class ServerState:
         load: builds the LLM (its target context must take ``config.n_slots`` sequences); runs on a
             background thread.
         on_load_failure: called (on that thread) with the exception when loading fails.
+        on_ready: called (on that thread) once requests are served.
     """
 
     def __init__(self, config: ServerConfig, load: Callable[[], LLM],
-                 on_load_failure: Callable[[BaseException], None] = lambda e: None) -> None:
+                 on_load_failure: Callable[[BaseException], None] = lambda e: None,
+                 on_ready: Callable[[], None] = lambda: None) -> None:
         self.config = config
         self.metrics = Metrics()
         self.llm: LLM | None = None
@@ -38,6 +40,7 @@ class ServerState:
         self._pool: EnginePool | None = None
         self._load = load
         self._on_load_failure = on_load_failure
+        self._on_ready = on_ready
         self._loader = threading.Thread(target=self._load_models, name="dspark-loader", daemon=True)
 
     def start(self) -> None:
@@ -66,6 +69,7 @@ class ServerState:
             self._on_load_failure(e)
             return
         self.llm, self._pool, self.scheduler = llm, pool, scheduler
+        self._on_ready()
 
     def close(self) -> None:
         """Stop the engine loop (cancelling what is left) and free the engines and models."""
