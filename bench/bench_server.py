@@ -48,6 +48,7 @@ class Level:
     server: str
     concurrency: int
     requests: int
+    errors: int
     tokens_per_s: float
     ttft_p50_ms: float
     ttft_p99_ms: float
@@ -74,7 +75,7 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.log.seek(0)
-                raise RuntimeError(f"{name} exited with {self.proc.returncode}:\n{self.log.read().decode()[-4000:]}")
+                raise RuntimeError(f"{name} exited with {self.proc.returncode}:\n{self.tail(40)}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
@@ -83,6 +84,11 @@ class Server:
             time.sleep(0.25)
         self.close()
         raise RuntimeError(f"{name} was not ready after {timeout} s")
+
+    def tail(self, n: int = 15) -> str:
+        """The last lines of the server's output."""
+        self.log.seek(0)
+        return "\n".join(self.log.read().decode(errors="replace").splitlines()[-n:])
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -106,7 +112,8 @@ def llama_server(binary: str, n_slots: int, threads: int, n_ctx_per_slot: int) -
     from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
 
     port = free_port()
-    cmd = [binary, "-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-type", "draft-dspark", "--spec-draft-n-max", "8",
+    cmd = [binary, "-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-type", "draft-dspark",
+           "--spec-draft-n-max", "8",
            "-np", str(n_slots), "-c", str(n_slots * n_ctx_per_slot), "-t", str(threads), "-tb", str(threads),
            "-fa", "off", "--port", str(port), "--host", "127.0.0.1", "--no-webui"]
     return Server("llama-server+draft", cmd, port)
@@ -144,15 +151,23 @@ def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int
     jobs = [PROMPTS[i % len(PROMPTS)] for i in range(n_requests)]
     lock = threading.Lock()
     samples: list[Sample] = []
+    errors: list[str] = []
 
     def worker() -> None:
-        with httpx.Client(base_url=server.url, timeout=600) as client:
+        # a fresh connection per request: a server may close an idle kept-alive one just as it is reused
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=server.url, timeout=600, limits=fresh) as client:
             while True:
                 with lock:
                     if not jobs:
                         return
                     prompt = jobs.pop()
-                s = one_request(client, prompt, max_tokens)
+                try:
+                    s = one_request(client, prompt, max_tokens)
+                except (httpx.HTTPError, ValueError) as e:  # counted, not fatal: the table says how many
+                    with lock:
+                        errors.append(f"{type(e).__name__}: {e}")
+                    continue
                 with lock:
                     samples.append(s)
 
@@ -165,7 +180,10 @@ def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int
     wall = time.perf_counter() - t0
     ttft = [s.ttft * 1e3 for s in samples]
     tpot = [s.tpot * 1e3 for s in samples]
-    return Level(server.name, concurrency, len(samples), sum(s.tokens for s in samples) / wall,
+    if errors:
+        print(f"{server.name} c={concurrency}: {len(errors)} failed requests, e.g. {errors[0]}\n"
+              f"{server.tail()}", file=sys.stderr)
+    return Level(server.name, concurrency, len(samples), len(errors), sum(s.tokens for s in samples) / wall,
                  _pct(ttft, 50), _pct(ttft, 99), _pct(tpot, 50), _pct(tpot, 99))
 
 
@@ -180,7 +198,8 @@ def _pct(values: list[float], q: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    ap.add_argument("--requests", type=int, default=0, help="requests per level (default: 4 per client, >= 8)")
+    ap.add_argument("--requests", type=int, default=0,
+                    help="requests per level (default: 4 per client, at least 8)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--llama-server", metavar="PATH", help="llama.cpp's llama-server binary to compare with")
@@ -191,7 +210,8 @@ def main() -> int:
                  ("dspark-ggml", lambda: ours(n_slots, args.threads, False))]
     if args.llama_server:
         factories.append(("llama-server+draft",
-                          lambda: llama_server(args.llama_server, n_slots, args.threads, args.max_tokens + 256)))
+                          lambda: llama_server(args.llama_server, n_slots, args.threads,
+                                               args.max_tokens + 256)))
     levels: list[Level] = []
     for name, make in factories:
         server = make()
@@ -210,14 +230,15 @@ def main() -> int:
 
 
 def _report(levels: list[Level]) -> None:
-    print_table(["server", "concurrency", "requests", "tokens/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms",
-                 "TPOT p99 ms"],
-                [[lv.server, lv.concurrency, lv.requests, lv.tokens_per_s, lv.ttft_p50_ms, lv.ttft_p99_ms,
-                  lv.tpot_p50_ms, lv.tpot_p99_ms] for lv in levels])
+    print_table(["server", "concurrency", "requests", "errors", "tokens/s", "TTFT p50 ms", "TTFT p99 ms",
+                 "TPOT p50 ms", "TPOT p99 ms"],
+                [[lv.server, lv.concurrency, lv.requests, lv.errors, lv.tokens_per_s, lv.ttft_p50_ms,
+                  lv.ttft_p99_ms, lv.tpot_p50_ms, lv.tpot_p99_ms] for lv in levels])
     by = {(lv.server, lv.concurrency): lv for lv in levels}
     rows = []
     for c in sorted({lv.concurrency for lv in levels}):
-        spec, plain, llama = (by.get((s, c)) for s in ("dspark-ggml+draft", "dspark-ggml", "llama-server+draft"))
+        spec, plain, llama = (by.get((name, c)) for name in ("dspark-ggml+draft", "dspark-ggml",
+                                                             "llama-server+draft"))
         rows.append([c, _ratio(spec, plain), _ratio(spec, llama), _ratio(llama, spec, "tpot_p50_ms")])
     print()
     print_table(["concurrency", "draft / no draft (tokens/s)", "ours / llama-server (tokens/s)",

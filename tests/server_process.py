@@ -27,13 +27,14 @@ class ServerProcess:
     log is shown when the server fails to start.
     """
 
-    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None, timeout: float = 90.0) -> None:
+    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None,
+                 timeout: float = 90.0) -> None:
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         self.api_key = api_key
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "dspark_ggml", "serve", "--port", str(self.port), "--log-level", "warning",
-               *args, *(["--api-key", api_key] if api_key else [])]
+        cmd = [sys.executable, "-m", "dspark_ggml", "serve", "--port", str(self.port),
+               "--log-level", "warning", *args, *(["--api-key", api_key] if api_key else [])]
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})

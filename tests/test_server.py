@@ -177,7 +177,8 @@ def sse_events(http, path: str, body: dict[str, Any]):
 def expected(case: Case, reference: LLM) -> Answer:
     """Target-only decoding of a greedy case."""
     kw: dict[str, Any] = {"max_tokens": case.body["max_tokens"], "stop": case.body.get("stop")}
-    r = reference.chat(case.body["messages"], **kw) if case.chat else reference.generate(case.body["prompt"], **kw)
+    b = case.body
+    r = reference.chat(b["messages"], **kw) if case.chat else reference.generate(b["prompt"], **kw)
     return Answer(r.text, {"context_full": "length"}.get(r.finish_reason, r.finish_reason), len(r.tokens))
 
 
@@ -191,7 +192,7 @@ def test_lossless_under_load(server, oai, http, reference):
     with ThreadPoolExecutor(max_workers=len(cases)) as pool:
         loaded = list(pool.map(lambda c: send(c, oai, http), cases))
     greedy_mismatch = [c.i for c, a in zip(cases, alone) if c.greedy and a != expected(c, reference)]
-    assert not greedy_mismatch, f"greedy requests that differ from target-only LLM.generate: {greedy_mismatch}"
+    assert not greedy_mismatch, f"greedy requests unlike target-only LLM.generate: {greedy_mismatch}"
     greedy_batch = [c.i for c, a, b in zip(cases, alone, loaded) if c.greedy and a != b]
     assert not greedy_batch, f"greedy requests that differ alone and in the batch: {greedy_batch}"
     sampled_batch = [c.i for c, a, b in zip(cases, alone, loaded) if not c.greedy and a != b]
@@ -221,7 +222,8 @@ def test_n_choices_and_speculative_stats(http, reference):
 
 def test_chat_stream_chunk_format(http, reference):
     messages = [{"role": "user", "content": "hi"}]
-    chunks = sse_events(http, "/v1/chat/completions", {"messages": messages, "max_tokens": 10, "stream": True})
+    body = {"messages": messages, "max_tokens": 10, "stream": True}
+    chunks = sse_events(http, "/v1/chat/completions", body)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
@@ -330,7 +332,8 @@ def test_disconnect_while_waiting_for_a_whole_response(small_server):
     with small_server.client() as http:
         before = read_metrics(http).get('dspark_sequences_finished_total{reason="cancelled"}', 0)
         with pytest.raises(httpx.ReadTimeout):  # the client gives up on a long non-streamed request
-            httpx.post(small_server.url + "/v1/completions", json={**LONG_REQUEST, "stream": False}, timeout=1.0)
+            httpx.post(small_server.url + "/v1/completions", json={**LONG_REQUEST, "stream": False},
+                       timeout=1.0)
         m = wait_metrics(http, lambda m: m["dspark_slots_busy"] == 0)
         assert m.get('dspark_sequences_finished_total{reason="cancelled"}', 0) == before + 1
 
@@ -374,7 +377,8 @@ def test_health_is_503_while_loading():
 
     port = free_port()
     state = ServerState(ServerConfig(port=port, n_slots=1), load)
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    config = uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run)  # not the main thread: uvicorn leaves signals alone
     thread.start()
     try:

@@ -10,12 +10,14 @@ _WITHOUT_EXTRA = "import sys; sys.modules['fastapi'] = None; sys.modules['uvicor
 
 
 def _python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", _WITHOUT_EXTRA + code], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", _WITHOUT_EXTRA + code], capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_core_works_without_the_extra():
     r = _python("import dspark_ggml, dspark_ggml.server.cli; from dspark_ggml.demo import TARGET_PATH; "
-                "llm = dspark_ggml.LLM(TARGET_PATH, n_threads=1); print(len(llm.generate('x', max_tokens=3).tokens))")
+                "llm = dspark_ggml.LLM(TARGET_PATH, n_threads=1); "
+                "print(len(llm.generate('x', max_tokens=3).tokens))")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "3"
 

@@ -48,8 +48,9 @@ def make_scheduler():
 def job(llm, prompt=PROMPT, max_tokens=16, speculative=None, index=0):
     """A Job whose events land in ``job.events`` (a thread-safe queue)."""
     events: queue.Queue = queue.Queue()
-    j = Job(Request(llm.tokenize(prompt, parse_special=True), SamplingParams(max_tokens=max_tokens), [], [], index),
-            speculative, events.put)
+    request = Request(llm.tokenize(prompt, parse_special=True), SamplingParams(max_tokens=max_tokens), [], [],
+                      index)
+    j = Job(request, speculative, events.put)
     j.events = events  # type: ignore[attr-defined]
     return j
 

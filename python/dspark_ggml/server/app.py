@@ -103,7 +103,7 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
         if not state.ready:
-            err = unavailable("the model is loading" if state.load_error is None else "the model failed to load", 5)
+            err = state.not_ready()
             return JSONResponse({**err.body(), "status": "loading" if state.load_error is None else "error"},
                                 status_code=503, headers=err.headers)
         return JSONResponse({"status": "ok"})
@@ -113,14 +113,15 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
         llm, _ = state.require_ready()
         meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.n_vocab, "method": llm.method, "n_draft": llm.n_draft,
                 "n_slots": state.config.n_slots}
-        return JSONResponse({"object": "list", "data": [{"id": state.config.model_id, "object": "model",
-                                                          "created": int(time.time()), "owned_by": "dspark-ggml",
-                                                          "meta": meta}]})
+        model = {"id": state.config.model_id, "object": "model", "created": int(time.time()),
+                 "owned_by": "dspark-ggml", "meta": meta}
+        return JSONResponse({"object": "list", "data": [model]})
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:
         llm, _ = state.require_ready()
-        content, add_special, parse_special = parse_tokenize(await read_json(request, state.config.max_body_bytes))
+        body = await read_json(request, state.config.max_body_bytes)
+        content, add_special, parse_special = parse_tokenize(body)
         return JSONResponse({"tokens": _text_call(llm.tokenize, content, add_special=add_special,
                                                   parse_special=parse_special)})
 

@@ -20,8 +20,10 @@ API_KEY_ENV = "DSPARK_GGML_API_KEY"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     g = p.add_argument_group("server", "flash attention is off unless -fa on/auto is given: its kernel's "
-                             "rounding depends on the batch, and a request must get the same tokens in any batch")
-    g.add_argument("--host", default=d.host, help=f"address to listen on (default: {d.host}, this machine only)")
+                             "rounding depends on the batch, and a request must get the same tokens in any "
+                             "batch")
+    g.add_argument("--host", default=d.host,
+                   help=f"address to listen on (default: {d.host}, this machine only)")
     g.add_argument("--port", type=int, default=d.port, help=f"port (default: {d.port})")
     g.add_argument("-np", "--parallel", dest="n_slots", type=int, default=d.n_slots, metavar="N",
                    help=f"sequences decoded at once, batched in each verify step (default: {d.n_slots})")
@@ -32,9 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default: ${API_KEY_ENV} if set, else none)")
     g.add_argument("--max-body", dest="max_body_bytes", type=int, default=DEFAULT_MAX_BODY, metavar="BYTES",
                    help=f"largest request body; larger ones get HTTP 413 (default: {DEFAULT_MAX_BODY})")
-    g.add_argument("-a", "--alias", metavar="NAME", help="model name in /v1/models (default: the target's file name)")
+    g.add_argument("-a", "--alias", metavar="NAME",
+                   help="model name in /v1/models (default: the target's file name)")
     g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout, metavar="SECONDS",
-                   help=f"on SIGTERM, wait this long for requests in flight (default: {d.shutdown_timeout:g})")
+                   help=f"on SIGTERM, wait this long for requests in flight "
+                        f"(default: {d.shutdown_timeout:g})")
     g.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="server log level (default: info)")
     add_model_arguments(p)

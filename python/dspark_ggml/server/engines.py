@@ -58,7 +58,8 @@ class EnginePool:
         engine = self._engines.get(key)
         if engine is None:
             if len(self._engines) >= MAX_ENGINES:
-                raise InvalidArgumentError(f"too many distinct speculative settings in use (at most {MAX_ENGINES})")
+                raise InvalidArgumentError(f"too many distinct speculative settings in use "
+                                           f"(at most {MAX_ENGINES})")
             engine = self._engines[key] = self._make(key)
         return engine
 
@@ -98,6 +99,7 @@ class EnginePool:
             assert llm.draft_model is not None
             llm.context.set_capture_layers(llm.draft_model.info.target_layers)
             return engine
-        return Engine(llm.context, llm.draft_context, n_max=key.n_max or 0, n_min=s.n_min, p_min=key.p_min or 0.0,
-                      draft_mode=s.draft_mode, schedule=s.schedule, backend_sampling=s.backend_sampling,
+        return Engine(llm.context, llm.draft_context, n_max=key.n_max or 0, n_min=s.n_min,
+                      p_min=key.p_min or 0.0, draft_mode=s.draft_mode, schedule=s.schedule,
+                      backend_sampling=s.backend_sampling,
                       markov_top_k=s.markov_top_k, eog=eog)

@@ -23,7 +23,8 @@ class ApiError(Exception):
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
 
-def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+def error_body(status: int, message: str, *, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
     """OpenAI's error object; the openai client raises the matching APIStatusError from it."""
     return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "param": param,
                       "code": code if code is not None else status}}

@@ -51,8 +51,9 @@ async def respond_stream(submission: Submission, builder: ResponseBuilder, n: in
     return EventStreamResponse(body, submission.cancel)
 
 
-async def _stream(first: GenerationChunk, events: AsyncIterator[GenerationChunk | Failure], choices: list[Choice],
-                  builder: ResponseBuilder, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(first: GenerationChunk, events: AsyncIterator[GenerationChunk | Failure],
+                  choices: list[Choice], builder: ResponseBuilder,
+                  include_usage: bool) -> AsyncIterator[bytes]:
     for data in _chunk_events(first, choices, builder):
         yield data
     async for ev in events:

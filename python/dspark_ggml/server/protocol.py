@@ -114,17 +114,18 @@ def parse_detokenize(body: Any, n_vocab: int) -> list[int]:
 
 # ---- the pieces ---------------------------------------------------------------------------------
 
-def _generation(f: Fields, endpoint: str, prompt: str | list[int] | None, messages: list[dict[str, Any]] | None,
-                defaults: SamplingParams, n_slots: int) -> GenerationRequest:
+def _generation(f: Fields, endpoint: str, prompt: str | list[int] | None,
+                messages: list[dict[str, Any]] | None, defaults: SamplingParams,
+                n_slots: int) -> GenerationRequest:
     f.string("model", None)  # one model is served: any name is accepted, but it must be a string
     stream = f.boolean("stream", False)
-    return GenerationRequest(endpoint, prompt, messages, _sampling(f, defaults, endpoint), _n(f, n_slots), stream,
-                             _include_usage(f), _speculative(f))
+    return GenerationRequest(endpoint, prompt, messages, _sampling(f, defaults, endpoint), _n(f, n_slots),
+                             stream, _include_usage(f), _speculative(f))
 
 
 def _sampling(f: Fields, d: SamplingParams, endpoint: str) -> SamplingParams:
-    max_name = "max_completion_tokens" if endpoint == "chat.completions" and f.given("max_completion_tokens") \
-        else "max_tokens"
+    chat_max = endpoint == "chat.completions" and f.given("max_completion_tokens")
+    max_name = "max_completion_tokens" if chat_max else "max_tokens"
     top_k = f.integer("top_k", d.top_k, lo=-1)
     return replace(d, max_tokens=f.integer(max_name, d.max_tokens, lo=1),
                    temperature=f.number("temperature", d.temperature, lo=0.0),
@@ -205,7 +206,8 @@ def _prompt(f: Fields) -> str | list[int]:
     if isinstance(v, str):
         return v
     if isinstance(v, list) and v and all(isinstance(x, (str, list)) for x in v):
-        raise bad_request("one prompt per request: send several requests (they are batched together)", "prompt")
+        raise bad_request("one prompt per request: send several requests (they are batched together)",
+                          "prompt")
     return _token_ids(v, "prompt", None)
 
 
@@ -223,7 +225,8 @@ def _token_ids(v: Any, name: str, n_vocab: int | None, allow_empty: bool = False
 def _check_token_range(tokens: list[int], name: str, n_vocab: int) -> None:
     bad = [t for t in tokens if not 0 <= t < n_vocab]
     if bad:
-        raise bad_request(f"'{name}' has token ids outside the vocabulary (0 .. {n_vocab - 1}): {bad[:8]}", name)
+        raise bad_request(f"'{name}' has token ids outside the vocabulary (0 .. {n_vocab - 1}): {bad[:8]}",
+                          name)
 
 
 def check_prompt_tokens(tokens: list[int], n_vocab: int) -> None:
@@ -258,7 +261,8 @@ def _content(v: Any, param: str) -> str:
     if isinstance(v, list):
         texts = []
         for part in v:
-            if not (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            text_part = isinstance(part, Mapping) and part.get("type") == "text"
+            if not (text_part and isinstance(part.get("text"), str)):
                 raise bad_request(f"{param}: only text parts ({{type: text, text}}) are supported", param)
             texts.append(part["text"])
         return "".join(texts)

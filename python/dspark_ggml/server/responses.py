@@ -55,7 +55,8 @@ class ResponseBuilder:
 
     # ---- streamed chunks --------------------------------------------------------------------------
 
-    def chunk(self, index: int, text: str, finish_reason: str | None = None, *, first: bool = False) -> dict[str, Any]:
+    def chunk(self, index: int, text: str, finish_reason: str | None = None, *,
+              first: bool = False) -> dict[str, Any]:
         finish = FINISH.get(finish_reason or "", finish_reason) if finish_reason else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if first else \

@@ -22,7 +22,8 @@ ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaita
 class ApiKeyMiddleware:
     """Pure ASGI middleware (no BaseHTTPMiddleware: it would buffer streams and hide disconnects)."""
 
-    def __init__(self, app: ASGIApp, api_key: str, on_reject: Callable[[int], None] = lambda status: None) -> None:
+    def __init__(self, app: ASGIApp, api_key: str,
+                 on_reject: Callable[[int], None] = lambda status: None) -> None:
         self.app = app
         self._key = ("Bearer " + api_key).encode()
         self._on_reject = on_reject

@@ -67,7 +67,8 @@ class EventStreamResponse(Response):
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            start = {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            await send(start)
             await unless_disconnected(receive, self._send_body(send))
         except OSError:
             pass  # the connection broke while writing

@@ -7,7 +7,7 @@ import threading
 from typing import TYPE_CHECKING, Callable
 
 from .engines import EnginePool
-from .errors import unavailable
+from .errors import ApiError, unavailable
 from .metrics import Metrics
 from .scheduler import Scheduler
 
@@ -53,16 +53,23 @@ class ServerState:
     def require_ready(self) -> tuple[LLM, Scheduler]:
         """The LLM and scheduler, or a 503 while loading."""
         if self.llm is None or self.scheduler is None:
-            raise unavailable("the model is loading" if self.load_error is None else "the model failed to load", 5)
+            raise self.not_ready()
         return self.llm, self.scheduler
+
+    def not_ready(self) -> ApiError:
+        """The 503 of a request that came too early (or after a failed load)."""
+        what = "the model is loading" if self.load_error is None else "the model failed to load"
+        return unavailable(what, retry_after=5)
 
     def _load_models(self) -> None:
         try:
             llm = self._load()
             if llm.n_seq_max < self.config.n_slots:
-                raise ValueError(f"the context takes {llm.n_seq_max} sequences, the server needs {self.config.n_slots}")
+                raise ValueError(f"the context takes {llm.n_seq_max} sequences, the server needs "
+                                 f"{self.config.n_slots}")
             pool = EnginePool(llm)
-            scheduler = Scheduler(pool, llm.tokenizer, self.config.n_slots, self.config.capacity, self.metrics)
+            scheduler = Scheduler(pool, llm.tokenizer, self.config.n_slots, self.config.capacity,
+                                  self.metrics)
             scheduler.start()
         except BaseException as e:  # noqa: BLE001 (reported, then the server exits)
             self.load_error = e

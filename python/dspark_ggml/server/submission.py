@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 class Submission:
     """Submits a request's choices (all or none: QueueFullError) and yields their events."""
 
-    def __init__(self, scheduler: Scheduler, requests: list[Request], speculative: SpecOverride | None) -> None:
+    def __init__(self, scheduler: Scheduler, requests: list[Request],
+                 speculative: SpecOverride | None) -> None:
         self._scheduler = scheduler
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[GenerationChunk | Failure] = asyncio.Queue()
