@@ -7,9 +7,13 @@ writes the same bytes. Config fields and tensor names/shapes follow each produce
 for a target copy its embedding / lm head where the real trainers do, and use the first id past
 the tokenizer as mask token (where the real Qwen3 DSpark mask token sits).
 
-Targets: `make_qwen3_target`, `make_qwen2_target`, `make_llama_target`.
+Targets: `make_qwen3_target`, `make_qwen2_target`, `make_llama_target`; built with transformers'
+own classes (config.json as transformers writes it, loadable with AutoModelForCausalLM):
+`make_gemma4_target` (variants dense / ple / moe), `make_gemma4_conditional_target`,
+`make_qwen3moe_target`.
 Drafts (need a target directory, whose embedding / head they copy like the real trainers do):
-`make_deepspec_dspark`, `make_speculators_dspark`, `make_specforge_dspark`, `make_zlab_dflash`.
+`make_deepspec_dspark`, `make_speculators_dspark`, `make_specforge_dspark`, `make_zlab_dflash`;
+for Gemma-4 targets `make_gemma4_dspark` (DeepSpec) and `make_gemma4_speculators_dspark`.
 
 torch is used only to write the files (bf16 needs it); the converter under test never imports it.
 """
@@ -22,7 +26,8 @@ from typing import Optional, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, \
+    processors, trainers
 
 # Pre-tokenizer split patterns of the real Qwen2/Qwen3 and Llama-3 tokenizers (they differ only in
 # how digits are grouped).
@@ -545,6 +550,363 @@ def make_zlab_dflash(out_dir: Path | str, target_dir: Path | str, *, block_size:
     return out
 
 
+# ----------------------------------------------------------------------------------------------
+# Gemma-4 and Qwen3-MoE (built with transformers' own model classes, so that config.json is what
+# transformers writes and `AutoModelForCausalLM.from_pretrained` loads the directory back)
+
+GEMMA4_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]  # ids 0-4, as in Gemma's vocab
+GEMMA4_CONTROL = ["<|turn>", "<turn|>", "<|channel>", "<channel|>"]  # in the trained vocab
+GEMMA4_EXTRA = ["<|image|>"]  # special, added past the trained vocab
+GEMMA4_USER_DEFINED = ["<note>"]  # added past the trained vocab, not special
+GEMMA4_MASK_TOKEN_ID = 4  # `<mask>`, the mask token of DeepSpec's Gemma-4 drafts
+GEMMA4_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|turn>{{ message['role'] }}\n"
+    "{{ message['content'] }}<turn|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|turn>model\n{% endif %}"
+)
+
+
+def write_gemma4_tokenizer(out_dir: Path) -> dict[str, int]:
+    """SentencePiece-style BPE shaped like Gemma's tokenizer.json: byte fallback, spaces as U+2581,
+    no prefix space, BOS added by the post-processor; about 400 tokens.
+
+    Readable both by transformers' GemmaTokenizer (which llama.cpp's converter uses through
+    gguf's LlamaHfVocab) and as plain JSON (ours)."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous", invert=False)
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                     decoders.Fuse()])
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=400, show_progress=False, limit_alphabet=40,
+                                  special_tokens=GEMMA4_SPECIALS + byte_tokens + GEMMA4_CONTROL)
+    tok.train_from_iterator(_CORPUS * 4, trainer)
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in GEMMA4_EXTRA])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in GEMMA4_USER_DEFINED])
+    bos = tok.token_to_id("<bos>")
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A <bos> $B",
+                                                       special_tokens=[("<bos>", bos)])
+    tok.save(str(out_dir / "tokenizer.json"))
+    _write_json(out_dir / "tokenizer_config.json", {
+        "tokenizer_class": "GemmaTokenizer",
+        "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>",
+        "mask_token": "<mask>",
+        "extra_special_tokens": ["<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|image|>"],
+        "add_bos_token": True, "add_eos_token": False,
+        "padding_side": "left", "model_max_length": 512,
+        "chat_template": GEMMA4_CHAT_TEMPLATE,
+    })
+    ids = {t: tok.token_to_id(t) for t in GEMMA4_SPECIALS + GEMMA4_CONTROL + GEMMA4_EXTRA}
+    ids["n_tokens"] = tok.get_vocab_size()
+    return ids
+
+
+def _fill_seeded(model: "torch.nn.Module", seed: int, dtype: str) -> None:
+    """Overwrite every saved parameter and buffer with seeded values that keep a forward pass
+    sensitive to each of them: norms, layer scalars and router scales are not all ones."""
+    gen = torch.Generator().manual_seed(seed)
+    state = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name in sorted(state):
+            t = state[name]
+            if not t.is_floating_point():
+                continue
+            noise = torch.randn(t.shape, generator=gen)
+            if name.endswith("layer_scalar"):
+                value = 0.6 + 0.8 * torch.rand(t.shape, generator=gen)
+            elif name.endswith(("norm.weight", "router.scale", "per_expert_scale")) \
+                    or "layernorm" in name:
+                value = 1.0 + 0.2 * noise
+            elif "embed_tokens" in name:
+                value = 0.1 * noise
+            else:
+                value = 0.05 * noise
+            t.copy_(value.to(t.dtype))
+    model.to(getattr(torch, dtype))
+
+
+GEMMA4_VARIANTS = ("dense", "ple", "moe")
+
+
+def gemma4_text_config(variant: str, vocab_size: int, ids: dict[str, int]) -> dict:
+    """Gemma4TextConfig arguments of a tiny target.
+
+    dense: 6 layers [s, s, f, s, s, f], window 8, sliding head dim 16 with 2 KV heads, global
+      head dim 32 with 1 KV head and K = V (attention_k_eq_v), the last 2 layers share KV,
+      final logit soft-capping 30; proportional rope (1/4 of the global head rotated).
+    ple: dense + per-layer inputs (16 per layer) and double-wide MLPs on the KV-sharing layers.
+    moe: dense + 4 experts (top 2, expert width 32) next to the dense MLP on every layer."""
+    if variant not in GEMMA4_VARIANTS:
+        raise ValueError(f"unknown Gemma-4 variant {variant!r} (choose from {GEMMA4_VARIANTS})")
+    cfg = {
+        "vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+        "sliding_window": 8, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+        "hidden_activation": "gelu_pytorch_tanh", "attention_k_eq_v": True,
+        "num_kv_shared_layers": 2, "final_logit_softcapping": 30.0,
+        "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": vocab_size,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                               "rope_theta": 1000000.0},
+        },
+        "tie_word_embeddings": True,
+        "pad_token_id": ids["<pad>"], "eos_token_id": ids["<eos>"], "bos_token_id": ids["<bos>"],
+    }
+    if variant == "ple":
+        cfg.update(hidden_size_per_layer_input=16, use_double_wide_mlp=True)
+    if variant == "moe":
+        cfg.update(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+    return cfg
+
+
+def make_gemma4_target(out_dir: Path | str, variant: str = "dense", *, seed: int = 50,
+                       dtype: str = "bfloat16") -> Path:
+    """Gemma4ForCausalLM (`gemma4_text`), see `gemma4_text_config` for the variants."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    out = _prepare(out_dir)
+    ids = write_gemma4_tokenizer(out)
+    config = Gemma4TextConfig(**gemma4_text_config(variant, ids["n_tokens"], ids))
+    model = Gemma4ForCausalLM(config)
+    _fill_seeded(model, seed + GEMMA4_VARIANTS.index(variant), dtype)
+    model.save_pretrained(str(out))
+    return out
+
+
+def _tiny_gemma4_vision_config() -> dict:
+    return {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+            "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4,
+            "pooling_kernel_size": 2, "position_embedding_size": 64,
+            "max_position_embeddings": 256}
+
+
+def make_gemma4_conditional_target(out_dir: Path | str, *, variant: str = "dense",
+                                   seed: int = 60, dtype: str = "bfloat16") -> Path:
+    """Gemma4ForConditionalGeneration: the text model of `variant` under
+    `model.language_model.`, plus a one-layer vision tower and its embedder (which a text
+    GGUF leaves out)."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    out = _prepare(out_dir)
+    ids = write_gemma4_tokenizer(out)
+    config = Gemma4Config(text_config=gemma4_text_config(variant, ids["n_tokens"], ids),
+                          vision_config=_tiny_gemma4_vision_config(),
+                          image_token_id=ids["<|image|>"], boi_token_id=ids["<|turn>"],
+                          eoi_token_id=ids["<turn|>"], tie_word_embeddings=True)
+    model = Gemma4ForConditionalGeneration(config)
+    _fill_seeded(model, seed, dtype)
+    model.save_pretrained(str(out))
+    return out
+
+
+def make_qwen3moe_target(out_dir: Path | str, *, seed: int = 70, dtype: str = "bfloat16") -> Path:
+    """Qwen3MoeForCausalLM: 4 layers, every one sparse (decoder_sparse_step 1, no mlp_only
+    layers), 8 experts of width 32, top 2 with normalised weights; saved per expert, as
+    transformers and the published checkpoints store them."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    out = _prepare(out_dir)
+    ids = write_qwen_tokenizer(out)
+    s = DEFAULT_SHAPE
+    config = Qwen3MoeConfig(
+        vocab_size=s.vocab_size, hidden_size=s.hidden_size, intermediate_size=s.intermediate_size,
+        moe_intermediate_size=32, num_hidden_layers=s.num_hidden_layers,
+        num_attention_heads=s.num_attention_heads, num_key_value_heads=s.num_key_value_heads,
+        head_dim=s.head_dim, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], max_position_embeddings=s.max_position_embeddings,
+        rms_norm_eps=1e-6, rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"},
+        tie_word_embeddings=False, bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"])
+    model = Qwen3MoeForCausalLM(config)
+    _fill_seeded(model, seed, dtype)
+    model.save_pretrained(str(out))
+    return out
+
+
+def _gemma4_text_of(target_dir: Path | str) -> dict:
+    """The text config of a Gemma-4 target (nested under text_config for the conditional model)."""
+    cfg = _read_json(Path(target_dir) / "config.json")
+    return cfg.get("text_config", cfg)
+
+
+def _gemma4_target_tensors(target_dir: Path | str) -> dict[str, torch.Tensor]:
+    """Target tensors without the `model.` / `model.language_model.` prefix."""
+    out = {}
+    for name, t in load_file(str(Path(target_dir) / "model.safetensors")).items():
+        for prefix in ("model.language_model.", "model."):
+            if name.startswith(prefix):
+                out[name[len(prefix):]] = t
+                break
+        else:
+            out[name] = t
+    return out
+
+
+def _gemma4_global_attention(text: dict) -> tuple[int, int]:
+    """(head dim, KV heads) of the target's full-attention layers."""
+    full = text["layer_types"].index("full_attention")
+    layer = (text.get("per_layer_config") or {}).get(str(full), {})
+    return (layer.get("head_dim", text.get("global_head_dim")),
+            layer.get("num_key_value_heads", text.get("num_global_key_value_heads")))
+
+
+def _gemma4_draft_layer_config(text: dict, num_layers: int) -> dict:
+    """A Gemma-4 draft backbone: the target's text config, `num_layers` full-attention layers of
+    the target's global head dim and KV heads, K = V, no KV sharing, no PLE, no MoE."""
+    head_dim, kv_heads = _gemma4_global_attention(text)
+    cfg = {k: v for k, v in text.items() if k not in ("per_layer_config", "architectures")}
+    cfg.update(num_hidden_layers=num_layers, layer_types=["full_attention"] * num_layers,
+               global_head_dim=head_dim, num_global_key_value_heads=kv_heads,
+               attention_k_eq_v=True, num_kv_shared_layers=0, hidden_size_per_layer_input=0,
+               enable_moe_block=False, num_experts=None, top_k_experts=None,
+               moe_intermediate_size=None, use_double_wide_mlp=False,
+               final_logit_softcapping=None, tie_word_embeddings=False)
+    return cfg
+
+
+def _gemma4_draft_tensors(w: _Weights, cfg: dict, n_features: int) -> dict[str, torch.Tensor]:
+    """fc / norms / layers of a Gemma-4 DSpark draft (names as DeepSpec saves them)."""
+    e, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    d, kv, f = cfg["global_head_dim"], cfg["num_global_key_value_heads"], cfg["intermediate_size"]
+    t = {"fc.weight": w.matrix(e, n_features * e),
+         "hidden_norm.weight": w.vector(e, around=1.0), "norm.weight": w.vector(e, around=1.0)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        t.update({
+            f"{p}input_layernorm.weight": w.vector(e, around=1.0),
+            f"{p}post_attention_layernorm.weight": w.vector(e, around=1.0),
+            f"{p}pre_feedforward_layernorm.weight": w.vector(e, around=1.0),
+            f"{p}post_feedforward_layernorm.weight": w.vector(e, around=1.0),
+            f"{p}layer_scalar": (0.6 + 0.8 * torch.rand(1, generator=w.gen)).to(w.dtype),
+            f"{p}self_attn.q_proj.weight": w.matrix(heads * d, e),
+            f"{p}self_attn.k_proj.weight": w.matrix(kv * d, e),  # also V (attention_k_eq_v)
+            f"{p}self_attn.o_proj.weight": w.matrix(e, heads * d),
+            f"{p}self_attn.q_norm.weight": w.vector(d, around=1.0),
+            f"{p}self_attn.k_norm.weight": w.vector(d, around=1.0),
+            f"{p}mlp.gate_proj.weight": w.matrix(f, e),
+            f"{p}mlp.up_proj.weight": w.matrix(f, e),
+            f"{p}mlp.down_proj.weight": w.matrix(e, f),
+        })
+    return t
+
+
+def make_gemma4_dspark(out_dir: Path | str, target_dir: Path | str, *,
+                       head_type: str = "vanilla", markov_rank: int = 8,
+                       confidence_head: bool = True, block_size: int = 7,
+                       target_layer_ids: Sequence[int] = (1, 3), num_layers: int = DRAFT_LAYERS,
+                       final_logit_softcapping: Optional[float] = None, seed: int = 80,
+                       dtype: str = "bfloat16") -> Path:
+    """DeepSpec `Gemma4DSparkModel` for a Gemma-4 target: flat config copied from the target's
+    text config (`global_head_dim` / `num_global_key_value_heads` written out, as DeepSpec's
+    transformers 5.10 config does), uniform full-attention layers with K = V, embedding and lm
+    head copied from the target, mask token `<mask>` (id 4), anchor-first blocks.
+
+    `final_logit_softcapping` keeps the target's soft-capping in the draft config (what a real
+    copy of a Gemma-4 config carries; llama.cpp's converter refuses it)."""
+    out = _prepare(out_dir)
+    text = _gemma4_text_of(target_dir)
+    target = _gemma4_target_tensors(target_dir)
+    cfg = {"architectures": ["Gemma4DSparkModel"], **_gemma4_draft_layer_config(text, num_layers),
+           "model_type": "gemma4_text", "target_model_type": "gemma4_text",
+           "target_text_model_type": "gemma4_text", "num_target_layers": text["num_hidden_layers"],
+           "block_size": block_size, "mask_token_id": GEMMA4_MASK_TOKEN_ID,
+           "target_layer_ids": list(target_layer_ids), "num_anchors": 512,
+           "enable_confidence_head": confidence_head, "markov_rank": markov_rank,
+           "markov_head_type": head_type, "dtype": dtype}
+    if confidence_head:
+        cfg["confidence_head_with_markov"] = True
+    if final_logit_softcapping is not None:
+        cfg["final_logit_softcapping"] = final_logit_softcapping
+    _write_json(out / "config.json", cfg)
+
+    w = _Weights(seed, dtype)
+    t = _gemma4_draft_tensors(w, cfg, len(target_layer_ids))
+    embed = target["embed_tokens.weight"]
+    t["embed_tokens.weight"] = embed.to(w.dtype).clone()
+    t["lm_head.weight"] = target.get("lm_head.weight", embed).to(w.dtype).clone()
+    e, v = cfg["hidden_size"], cfg["vocab_size"]
+    t.update(_markov_tensors(w, head_type, markov_rank, e, v, v))
+    if confidence_head:
+        t.update(_confidence_tensors(w, e, markov_rank))
+    _save(out, t)
+    return out
+
+
+def make_gemma4_speculators_dspark(out_dir: Path | str, target_dir: Path | str, *,
+                                   draft_vocab_size: Optional[int] = 128,
+                                   sample_from_anchor: bool = False, head_type: str = "vanilla",
+                                   markov_rank: int = 8, confidence_head: bool = True,
+                                   block_size: int = 8,
+                                   aux_hidden_state_layer_ids: Sequence[int] = (2, 4),
+                                   num_layers: int = DRAFT_LAYERS, seed: int = 90,
+                                   dtype: str = "bfloat16") -> Path:
+    """speculators DSpark export for a Gemma-4 target: Gemma-4 draft layers in a nested
+    `transformer_layer_config` (as transformers 5.24 serialises a Gemma4TextConfig, with
+    `per_layer_config`), `aux_hidden_state_layer_ids`, the 1+N block (sample_from_anchor false)
+    and a reduced draft vocabulary with d2t / t2d."""
+    from transformers import Gemma4TextConfig
+
+    out = _prepare(out_dir)
+    text = _gemma4_text_of(target_dir)
+    target = _gemma4_target_tensors(target_dir)
+    flat = _gemma4_draft_layer_config(text, num_layers)
+    layer_cfg = Gemma4TextConfig(**{k: v for k, v in flat.items()
+                                    if k not in ("model_type", "transformers_version", "dtype")})
+    layer_cfg = {"architectures": ["Gemma4ForCausalLM"], **layer_cfg.to_diff_dict()}
+    n_vocab = flat["vocab_size"]
+    n_draft = draft_vocab_size or n_vocab
+    n_spec = block_size if sample_from_anchor else block_size - 1
+    cfg = {
+        "architectures": ["DSparkDraftModel"],
+        "speculators_model_type": "dspark",
+        "speculators_version": "0.5.0",
+        "speculators_config": {
+            "algorithm": "dspark",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": n_spec,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": str(target_dir),
+                         "architectures": _read_json(Path(target_dir) / "config.json")[
+                             "architectures"]},
+        },
+        "transformer_layer_config": layer_cfg,
+        "draft_vocab_size": n_draft,
+        "block_size": block_size,
+        "target_hidden_size": None,
+        "aux_hidden_state_layer_ids": list(aux_hidden_state_layer_ids),
+        "mask_token_id": GEMMA4_MASK_TOKEN_ID,
+        "sliding_window_non_causal": False,
+        "sample_from_anchor": sample_from_anchor,
+        "markov_rank": markov_rank,
+        "markov_head_type": head_type,
+        "enable_confidence_head": confidence_head,
+        "confidence_head_with_markov": True,
+        "dtype": dtype,
+        "transformers_version": "5.24.0",
+    }
+    _write_json(out / "config.json", cfg)
+
+    w = _Weights(seed, dtype)
+    t = _gemma4_draft_tensors(w, flat, len(aux_hidden_state_layer_ids))
+    embed = target["embed_tokens.weight"]
+    head = target.get("lm_head.weight", embed)
+    t["embed_tokens.weight"] = embed.to(w.dtype).clone()
+    if n_draft < n_vocab:
+        ids, d2t, t2d = _reduced_vocab(w.gen, n_vocab, n_draft)
+        t["lm_head.weight"] = head[ids].to(w.dtype).clone()
+        t["d2t"], t["t2d"] = d2t, t2d
+    else:
+        t["lm_head.weight"] = head.to(w.dtype).clone()
+    t.update(_markov_tensors(w, head_type, markov_rank, flat["hidden_size"], n_vocab, n_draft))
+    if confidence_head:
+        t.update(_confidence_tensors(w, flat["hidden_size"], markov_rank))
+    _save(out, t)
+    return out
+
+
 def edit_config(model_dir: Path | str, **changes) -> None:
     """Overwrite (value) or delete (None) top-level config.json fields; for negative tests."""
     path = Path(model_dir) / "config.json"
@@ -561,4 +923,7 @@ __all__ = [
     "TinyShape", "DEFAULT_SHAPE", "make_qwen3_target", "make_qwen2_target", "make_llama_target",
     "make_deepspec_dspark", "make_speculators_dspark", "make_specforge_dspark", "make_zlab_dflash",
     "edit_config", "write_qwen_tokenizer", "write_llama3_tokenizer",
+    "GEMMA4_VARIANTS", "gemma4_text_config", "make_gemma4_target", "make_gemma4_conditional_target",
+    "make_qwen3moe_target", "make_gemma4_dspark", "make_gemma4_speculators_dspark",
+    "write_gemma4_tokenizer",
 ]

@@ -49,3 +49,28 @@ def test_c_example_matches_the_python_engine(tmp_path):
     assert "generated 30" in res.stdout
     bad = subprocess.run([str(exe), str(tmp_path / "missing.gguf"), "-", "5", "1"], capture_output=True, text=True)
     assert bad.returncode == 1 and "missing.gguf" in bad.stderr
+
+
+@needs_cc
+def test_c_example_is_leak_free_under_leaksanitizer(tmp_path):
+    """The example built with AddressSanitizer (its LeakSanitizer sees every allocation of the
+    process, the library's too), on the success path and on each error path."""
+    exe = tmp_path / "spec-generate-asan"
+    lib_dir = _lib.lib_dir()
+    build = subprocess.run([CC, "-std=c99", "-O1", "-g", "-fsanitize=address", str(ROOT / "examples" / "spec-generate.c"),
+                            "-I", str(_lib.header_path().parent), "-L", str(lib_dir), "-ldspark", f"-Wl,-rpath,{lib_dir}",
+                            "-o", str(exe)], capture_output=True, text=True)
+    if build.returncode != 0:
+        pytest.skip(f"no AddressSanitizer runtime for {CC}: {build.stderr[-200:]}")
+    tcfg = TargetConfig(n_layer=2)
+    write_target(tmp_path / "t.gguf", tcfg, seed=2)
+    write_draft(tmp_path / "d.gguf", DraftConfig(block_size=4), tcfg, seed=3)
+    data = (tmp_path / "t.gguf").read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) // 2])
+    env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=1:exitcode=23"}
+    env.pop("LD_PRELOAD", None)  # the executable brings its own runtime
+    for args, rc in [((tmp_path / "t.gguf", tmp_path / "d.gguf", 12, 5, 9, 33), 0), ((tmp_path / "missing.gguf", "-", 5, 1), 1),
+                     ((tmp_path / "t.gguf", tmp_path / "cut.gguf", 5, 1), 1), ((tmp_path / "t.gguf", "-", 5, 99999), 1)]:
+        res = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, env=env, timeout=120)
+        assert "LeakSanitizer" not in res.stderr, res.stderr[-3000:]
+        assert res.returncode == rc, (args, res.returncode, res.stderr[-500:])

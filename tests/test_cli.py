@@ -88,6 +88,46 @@ def test_generate_errors(models, capsys):
     assert rc == 1 and "DSpark draft" in err
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["-t", "-3"], "-t/--threads must be >= 1, got -3"),
+    (["-t", "0"], "-t/--threads must be >= 1, got 0"),
+    (["-b", "0"], "-b/--batch-size must be >= 1, got 0"),
+    (["-c", "-1"], "-c/--ctx-size must be >= 0, got -1"),
+    (["-n", "-5"], "-n/--max-tokens must be >= 1, or -1 for no limit; got -5"),
+    (["-n", "0"], "-n/--max-tokens must be >= 1, or -1 for no limit; got 0"),
+    (["--temp", "nan"], "temperature must be a finite number >= 0, got nan"),
+    (["--temp", "inf"], "temperature must be a finite number >= 0, got inf"),
+    (["--top-p", "nan"], "top_p must be in"),
+    (["--prompt-tokens", "1,,2"], "--prompt-tokens has an empty entry in '1,,2'"),
+    (["--prompt-tokens", "1,2,"], "--prompt-tokens has an empty entry"),
+    (["--prompt-tokens", "1,x"], "--prompt-tokens takes comma-separated integers"),
+])
+def test_generate_names_the_bad_value(models, capsys, flags, message):
+    prompt = [] if "--prompt-tokens" in flags else ["-p", "x"]
+    rc, out, err = _run(capsys, "generate", "-m", models["target"], *prompt, *flags)
+    assert rc == 1 and out == "" and message in err, err
+
+
+def test_generate_n_minus_one_runs_to_a_full_context(models, capsys):
+    rc, out, err = _run(capsys, "generate", "-m", models["bare"], *THREADS, "-c", "16", "-n", "-1",
+                        "--prompt-tokens", "1,2,3", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d["finish_reason"] == "context_full" and len(d["tokens"]) == 16 - 3 + 1  # the last needs no cell
+
+
+def test_a_small_context_refuses_a_long_prompt_as_too_long(models, capsys):
+    """-c 8 is smaller than a verify block: the block shrinks to fit, and the prompt is what is refused."""
+    ids = ",".join(str(5 + i) for i in range(20))
+    rc, _, err = _run(capsys, "generate", "-m", models["target"], "-md", models["draft"], *THREADS, "-c", "4",
+                      "--prompt-tokens", ids)
+    assert rc == 1 and "a prompt of 20 tokens does not fit in n_ctx (4)" in err, err
+    rc, out, err = _run(capsys, "generate", "-m", models["target"], "-md", models["draft"], *THREADS, "-c", "4",
+                        "--prompt-tokens", "5,6", "-n", "-1", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["n_draft"] == 3 and len(json.loads(out)["tokens"]) == 4 - 2 + 1
+
+
 def test_demo_without_its_files(monkeypatch, tmp_path, capsys):
     import dspark_ggml.demo as demo
 

@@ -632,3 +632,333 @@ def test_python_dash_m(models, tmp_path):
                           env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert Gguf(out).kv("general.architecture") == "qwen2"
+
+
+# ----------------------------------------------------------------------------------------------
+# Gemma-4 and Qwen3-MoE targets, Gemma-4 drafts
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gemma4")
+    models = {v: hf.make_gemma4_target(root / v, v) for v in hf.GEMMA4_VARIANTS}
+    models["conditional"] = hf.make_gemma4_conditional_target(root / "conditional")
+    models["deepspec"] = hf.make_gemma4_dspark(root / "deepspec", models["dense"])
+    models["speculators"] = hf.make_gemma4_speculators_dspark(root / "speculators",
+                                                              models["dense"])
+    models["qwen3moe"] = hf.make_qwen3moe_target(root / "qwen3moe")
+    return models
+
+
+GEMMA4_LAYER_NAMES = {  # independent of the converter's table
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+    "layer_scalar": "layer_output_scale.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "per_layer_input_gate.weight": "inp_gate.weight", "per_layer_projection.weight": "proj.weight",
+    "post_per_layer_input_norm.weight": "post_norm.weight",
+    "router.proj.weight": "ffn_gate_inp.weight", "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight", "experts.down_proj": "ffn_down_exps.weight",
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
+}
+GEMMA4_GLOBAL_NAMES = {
+    "embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
+    "embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+    "per_layer_model_projection.weight": "per_layer_model_proj.weight",
+    "per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
+}
+
+
+def gemma4_name_for(hf_name: str, prefix: str = "model.") -> str:
+    name = hf_name.removeprefix(prefix)
+    if name in GEMMA4_GLOBAL_NAMES:
+        return GEMMA4_GLOBAL_NAMES[name]
+    _, layer, part = name.split(".", 2)
+    return f"blk.{layer}.{GEMMA4_LAYER_NAMES[part]}"
+
+
+@pytest.mark.parametrize("variant", hf.GEMMA4_VARIANTS)
+def test_gemma4_f32_holds_the_exact_checkpoint_values(gemma, tmp_path, variant):
+    g = run_convert(gemma[variant], tmp_path / "g.gguf", outtype="f32")
+    src = hf_tensors(gemma[variant])
+    assert "lm_head.weight" not in src and "output.weight" not in g.tensors  # tied
+    assert set(g.tensors) == {gemma4_name_for(n) for n in src} | {"rope_freqs.weight"}
+    for name, tensor in src.items():
+        # stored as is: Gemma-4's RMSNorm multiplies by the weight itself (no +1 shift)
+        np.testing.assert_array_equal(g.f32(gemma4_name_for(name)), to_np(tensor), err_msg=name)
+    assert g.kv("general.architecture") == "gemma4"
+
+
+def test_gemma4_attention_layout_keys(gemma, tmp_path):
+    g = run_convert(gemma["dense"], tmp_path / "g.gguf", outtype="f32")
+    assert g.kv("gemma4.attention.sliding_window_pattern") == [True, True, False] * 2
+    assert g.kv("gemma4.attention.sliding_window") == 8
+    assert g.kv("gemma4.attention.head_count_kv") == [2, 2, 1, 2, 2, 1]
+    assert (g.kv("gemma4.attention.key_length"), g.kv("gemma4.attention.key_length_swa")) == (32, 16)
+    assert (g.kv("gemma4.rope.dimension_count"), g.kv("gemma4.rope.dimension_count_swa")) == (32, 16)
+    assert (g.kv("gemma4.rope.freq_base"), g.kv("gemma4.rope.freq_base_swa")) == (1e6, 1e4)
+    assert g.kv("gemma4.attention.shared_kv_layers") == 2
+    assert g.kv("gemma4.final_logit_softcapping") == 30.0
+    assert g.kv("gemma4.embedding_length_per_layer_input") == 0
+    # K = V on the global layers, no K/V at all on the two KV-sharing layers
+    assert "blk.2.attn_v.weight" not in g.tensors and "blk.0.attn_v.weight" in g.tensors
+    assert not any(n.startswith(("blk.4.attn_k", "blk.5.attn_k")) for n in g.tensors)
+    assert g.ne("blk.2.attn_q.weight") == [64, 4 * 32] and g.ne("blk.0.attn_q.weight") == [64, 64]
+    # proportional rope: a quarter of the 32-wide global head rotates (4 of 16 pairs)
+    np.testing.assert_array_equal(g.f32("rope_freqs.weight"),
+                                  np.array([1.0] * 4 + [1e30] * 12, dtype=np.float32))
+
+
+def test_gemma4_ple_and_double_wide_mlp(gemma, tmp_path):
+    g = run_convert(gemma["ple"], tmp_path / "g.gguf", outtype="f16")
+    assert g.kv("gemma4.embedding_length_per_layer_input") == 16
+    assert g.kv("gemma4.feed_forward_length") == [128] * 4 + [256] * 2  # the KV-sharing layers
+    assert g.kv_type("gemma4.feed_forward_length") == GGUFValueType.INT32
+    assert g.ne("per_layer_token_embd.weight") == [6 * 16, g.ne("token_embd.weight")[1]]
+    assert g.ne("blk.5.ffn_up.weight") == [64, 256]
+
+
+def test_gemma4_moe_keeps_fused_experts_and_router_scales(gemma, tmp_path):
+    g = run_convert(gemma["moe"], tmp_path / "g.gguf", outtype="q8_0")
+    src = hf_tensors(gemma["moe"])
+    assert (g.kv("gemma4.expert_count"), g.kv("gemma4.expert_used_count"),
+            g.kv("gemma4.expert_feed_forward_length")) == (4, 2, 32)
+    assert g.ne("blk.0.ffn_gate_up_exps.weight") == [64, 2 * 32, 4]
+    assert g.ne("blk.0.ffn_down_exps.weight") == [32, 64, 4]
+    assert g.qtype("blk.0.ffn_gate_up_exps.weight") == Q.Q8_0
+    assert g.qtype("blk.0.ffn_gate_inp.weight") == Q.F32  # routers stay f32, as in llama.cpp
+    for hf_name, gname in (("router.scale", "ffn_gate_inp.scale"),
+                           ("router.per_expert_scale", "ffn_down_exps.scale"),
+                           ("layer_scalar", "layer_output_scale.weight")):
+        ref = to_np(src[f"model.layers.3.{hf_name}"])
+        assert not np.allclose(ref, 1.0)  # the fixture makes them matter
+        np.testing.assert_array_equal(g.f32(f"blk.3.{gname}"), ref)
+
+
+def test_gemma4_conditional_writes_the_text_model_only(gemma, tmp_path):
+    g = run_convert(gemma["conditional"], tmp_path / "g.gguf", outtype="f32")
+    src = hf_tensors(gemma["conditional"])
+    text = {n: t for n, t in src.items() if n.startswith("model.language_model.")}
+    assert len(text) < len(src)  # the fixture has a vision tower and embedder
+    assert set(g.tensors) == {gemma4_name_for(n, "model.language_model.") for n in text} | {
+        "rope_freqs.weight"}
+    for name, tensor in text.items():
+        np.testing.assert_array_equal(g.f32(gemma4_name_for(name, "model.language_model.")),
+                                      to_np(tensor))
+    assert g.kv("gemma4.block_count") == 6
+
+
+def test_gemma4_tokenizer(gemma, tmp_path):
+    g = run_convert(gemma["dense"], tmp_path / "g.gguf")
+    tok = json.loads((gemma["dense"] / "tokenizer.json").read_text())
+    by_id = {i: t for t, i in tok["model"]["vocab"].items()}
+    by_id.update({a["id"]: a["content"] for a in tok["added_tokens"]})
+    tokens = g.kv("tokenizer.ggml.tokens")
+    assert tokens == [by_id[i] for i in range(len(by_id))]
+    types = dict(zip(tokens, g.kv("tokenizer.ggml.token_type")))
+    assert types["<bos>"] == types["<|turn>"] == types["<|image|>"] == 3  # CONTROL
+    assert types["<0x41>"] == 6  # BYTE
+    assert types["<|channel>"] == types["<note>"] == 4  # USER_DEFINED (visible / not special)
+    assert set(g.kv("tokenizer.ggml.scores")) == {-1000.0}
+    assert g.kv("tokenizer.ggml.model") == "gemma4"
+    assert g.kv("tokenizer.ggml.add_bos_token") is True
+    assert g.kv("tokenizer.ggml.add_space_prefix") is False
+    assert g.kv("tokenizer.ggml.mask_token_id") == hf.GEMMA4_MASK_TOKEN_ID
+
+
+def test_qwen3moe_stacks_the_experts(gemma, tmp_path):
+    g = run_convert(gemma["qwen3moe"], tmp_path / "m.gguf", outtype="f32")
+    src = hf_tensors(gemma["qwen3moe"])
+    assert (g.kv("qwen3moe.expert_count"), g.kv("qwen3moe.expert_used_count"),
+            g.kv("qwen3moe.expert_feed_forward_length")) == (8, 2, 32)
+    assert g.ne("blk.1.ffn_gate_exps.weight") == [64, 32, 8]
+    assert g.ne("blk.1.ffn_down_exps.weight") == [32, 64, 8]
+    for kind in ("gate", "up", "down"):
+        stacked = np.stack([to_np(src[f"model.layers.1.mlp.experts.{j}.{kind}_proj.weight"])
+                            for j in range(8)])
+        np.testing.assert_array_equal(g.f32(f"blk.1.ffn_{kind}_exps.weight"), stacked)
+    np.testing.assert_array_equal(g.f32("blk.1.ffn_gate_inp.weight"),
+                                  to_np(src["model.layers.1.mlp.gate.weight"]))
+    assert not any("shexp" in n for n in g.tensors)  # Qwen3-MoE has no shared expert
+
+
+def test_qwen3moe_fused_experts_give_the_same_file(gemma, tmp_path):
+    """transformers 5 holds experts fused ([experts, 2 x width, hidden]); both layouts convert
+    to the same bytes."""
+    src = Path(shutil.copytree(gemma["qwen3moe"], tmp_path / "fused"))
+
+    def fuse(t):
+        for i in range(4):
+            p = f"model.layers.{i}.mlp.experts"
+            gate = [t.pop(f"{p}.{j}.gate_proj.weight") for j in range(8)]
+            up = [t.pop(f"{p}.{j}.up_proj.weight") for j in range(8)]
+            down = [t.pop(f"{p}.{j}.down_proj.weight") for j in range(8)]
+            t[f"{p}.gate_up_proj"] = torch.cat([torch.stack(gate), torch.stack(up)], dim=1)
+            t[f"{p}.down_proj"] = torch.stack(down)
+
+    rewrite_tensors(src, fuse)
+    a = run_convert(gemma["qwen3moe"], tmp_path / "a.gguf", outtype="q8_0")
+    b = run_convert(src, tmp_path / "b.gguf", outtype="q8_0")
+    assert set(a.tensors) == set(b.tensors)
+    for name in a.tensors:
+        assert np.asarray(a.tensors[name].data).tobytes() == \
+            np.asarray(b.tensors[name].data).tobytes(), name
+
+
+def test_gemma4_speculators_draft(gemma, tmp_path):
+    """llama.cpp's converter cannot read this format (test_convert_interop.py), so the whole
+    file is checked here."""
+    g = run_convert(gemma["speculators"], tmp_path / "s.gguf", outtype="f32",
+                    target_model_dir=gemma["dense"])
+    src, cfg = hf_tensors(gemma["speculators"]), hf_config(gemma["speculators"])
+    assert g.kv("general.architecture") == "dflash"
+    assert g.kv("dflash.sample_from_anchor") is False  # the 1+N block
+    assert g.kv("dflash.target_layers") == [2, 4]  # aux ids are GGUF numbering already
+    assert g.kv("dflash.block_size") == 8
+    assert (g.kv("dflash.attention.head_count_kv"), g.kv("dflash.attention.key_length"),
+            g.kv("dflash.rope.dimension_count")) == (1, 32, 32)
+    assert g.kv("dflash.embedding_scale") == 8.0 and g.kv("dflash.attention.scale") == 1.0
+    assert g.kv("dflash.hidden_activation") == "gelu_pytorch_tanh"
+    assert g.kv("dflash.markov_head_type") == "vanilla"
+    assert g.kv("tokenizer.ggml.model") == "gemma4"
+    assert g.kv("tokenizer.ggml.mask_token_id") == hf.GEMMA4_MASK_TOKEN_ID
+    np.testing.assert_array_equal(np.asarray(g.tensors["d2t"].data),
+                                  torch.nonzero(src["t2d"]).flatten().numpy())
+    assert g.ne("output.weight") == [64, cfg["draft_vocab_size"]]
+    assert "token_embd.weight" not in g.tensors  # the target's
+    np.testing.assert_array_equal(g.f32("rope_freqs.weight"),
+                                  np.array([1.0] * 4 + [1e30] * 12, dtype=np.float32))
+    assert not any(n.endswith("attn_v.weight") for n in g.tensors)  # V from K
+    for i in range(2):
+        for hf_name, gname in (("layer_scalar", "layer_output_scale.weight"),
+                               ("post_attention_layernorm.weight", "post_attention_norm.weight"),
+                               ("pre_feedforward_layernorm.weight", "ffn_norm.weight"),
+                               ("post_feedforward_layernorm.weight", "post_ffw_norm.weight"),
+                               ("self_attn.k_proj.weight", "attn_k.weight")):
+            np.testing.assert_array_equal(g.f32(f"blk.{i}.{gname}"),
+                                          to_np(src[f"layers.{i}.{hf_name}"]))
+
+
+def test_gemma4_draft_of_a_conditional_target(gemma, tmp_path):
+    draft = hf.make_gemma4_dspark(tmp_path / "d", gemma["conditional"], head_type="gated")
+    g = run_convert(draft, tmp_path / "d.gguf", target_model_dir=gemma["conditional"])
+    assert g.kv("dflash.markov_head_type") == "gated" and "markov_gate.weight" in g.tensors
+    assert "token_embd.weight" not in g.tensors and "output.weight" not in g.tensors  # shared
+
+
+def test_gemma4_draft_soft_capping_is_kept(gemma, tmp_path):
+    """What a copy of a Gemma-4 config carries; llama.cpp's converter refuses it, we write it."""
+    draft = hf.make_gemma4_dspark(tmp_path / "d", gemma["dense"], final_logit_softcapping=30.0)
+    g = run_convert(draft, tmp_path / "d.gguf", target_model_dir=gemma["dense"])
+    assert g.kv("dflash.final_logit_softcapping") == 30.0
+
+
+def _edit_layer_config(model_dir: Path, **changes) -> None:
+    path = model_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["transformer_layer_config"].update(changes)
+    path.write_text(json.dumps(cfg))
+
+
+GEMMA4_DRAFT_REFUSALS = [
+    ("deepspec", {"layer_types": ["full_attention", "sliding_attention"]}, "'layer_types'"),
+    ("deepspec", {"attention_k_eq_v": False}, "'attention_k_eq_v'"),
+    ("deepspec", {"enable_moe_block": True, "num_experts": 4}, "'enable_moe_block'"),
+    ("deepspec", {"num_kv_shared_layers": 1}, "'num_kv_shared_layers'"),
+    ("deepspec", {"hidden_size_per_layer_input": 16}, "'hidden_size_per_layer_input'"),
+    ("deepspec", {"attention_bias": True}, "'attention_bias'"),
+    ("deepspec", {"hidden_activation": "gelu"}, "'hidden_activation'"),
+    ("deepspec", {"input_embedding_scale": 2.0}, "'input_embedding_scale'"),
+    ("deepspec", {"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 2.0}}},
+     "'rope_type'"),
+    ("speculators", {"layer_types": ["sliding_attention"] * 2}, "'layer_types'"),
+    ("speculators", {"enable_moe_block": True}, "'enable_moe_block'"),
+    ("speculators", {"model_type": "gemma3_text"}, "gemma3_text"),
+]
+
+
+@pytest.mark.parametrize("key,changes,message", GEMMA4_DRAFT_REFUSALS,
+                         ids=[f"{k}-{next(iter(c))}" for k, c, _ in GEMMA4_DRAFT_REFUSALS])
+def test_gemma4_draft_refusals_name_the_field(gemma, tmp_path, key, changes, message):
+    src = Path(shutil.copytree(gemma[key], tmp_path / key))
+    if key == "speculators":
+        _edit_layer_config(src, **changes)
+    else:
+        hf.edit_config(src, **changes)
+    out = tmp_path / "out.gguf"
+    with pytest.raises(ConversionError, match=re.escape(message)):
+        convert(src, out, target_model_dir=gemma["dense"], progress=False)
+    assert not out.exists()
+
+
+TARGET_REFUSALS = [
+    ("qwen3moe", {"norm_topk_prob": False}, "'norm_topk_prob'"),
+    ("qwen3moe", {"mlp_only_layers": [1]}, "'mlp_only_layers'"),
+    ("dense", {"use_bidirectional_attention": "all"}, "'use_bidirectional_attention'"),
+    ("dense", {"attn_logit_softcapping": 50.0}, "'attn_logit_softcapping'"),
+    ("dense", {"per_layer_config": {"2": {"head_dim": 32}, "5": {"head_dim": 64}}}, "head_dim"),
+    ("dense", {"layer_types": ["sliding_attention"] * 6}, "'layer_types'"),
+    ("dense", {"num_kv_shared_layers": 6}, "'num_kv_shared_layers'"),
+]
+
+
+@pytest.mark.parametrize("key,changes,message", TARGET_REFUSALS,
+                         ids=[f"{k}-{next(iter(c))}" for k, c, _ in TARGET_REFUSALS])
+def test_gemma4_and_moe_target_refusals(gemma, tmp_path, key, changes, message):
+    src = Path(shutil.copytree(gemma[key], tmp_path / key))
+    hf.edit_config(src, **changes)
+    with pytest.raises(ConversionError, match=re.escape(message)):
+        convert(src, tmp_path / "out.gguf", progress=False)
+
+
+def test_gemma4_target_without_global_head_size_is_refused(gemma, tmp_path):
+    """transformers would assume 512; the converter does not guess."""
+    src = Path(shutil.copytree(gemma["dense"], tmp_path / "g"))
+    hf.edit_config(src, per_layer_config=None)
+    with pytest.raises(ConversionError, match="global_head_dim or per_layer_config"):
+        convert(src, tmp_path / "out.gguf", progress=False)
+    hf.edit_config(src, global_head_dim=32, num_global_key_value_heads=1)  # the older config style
+    g = run_convert(src, tmp_path / "g.gguf", outtype="f32")
+    assert g.kv("gemma4.attention.head_count_kv") == [2, 2, 1, 2, 2, 1]
+
+
+def test_gemma4_stale_kv_of_sharing_layers_is_written_as_llama_cpp_does(gemma, tmp_path):
+    """Some checkpoints still store K/V for the KV-sharing layers (transformers ignores them on
+    load); llama.cpp's converter writes them, and so do we. They are never required."""
+    src = Path(shutil.copytree(gemma["dense"], tmp_path / "g"))
+    rewrite_tensors(src, lambda t: t.update({
+        "model.layers.4.self_attn.k_proj.weight": t["model.layers.3.self_attn.k_proj.weight"] * 2,
+        "model.layers.4.self_attn.k_norm.weight": t["model.layers.3.self_attn.k_norm.weight"].clone()}))
+    g = run_convert(src, tmp_path / "g.gguf", outtype="f32")
+    assert g.ne("blk.4.attn_k.weight") == [64, 32] and "blk.4.attn_v.weight" not in g.tensors
+    rewrite_tensors(src, lambda t: t.update({
+        "model.layers.4.self_attn.k_proj.weight": torch.zeros(8, 64)}))
+    with pytest.raises(ConversionError, match="expected shape"):
+        convert(src, tmp_path / "h.gguf", progress=False)
+
+
+def test_gemma4_per_layer_config_keys_are_read_as_layer_numbers():
+    """transformers pads per_layer_config keys to the width of the largest layer index ("05" in a
+    12-layer model): the global layers' head size and KV heads are found all the same."""
+    from transformers import Gemma4TextConfig
+
+    from dspark_ggml.convert.gemma4 import read_gemma4
+    from dspark_ggml.convert.hf_config import Config
+
+    types = (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    cfg = Gemma4TextConfig(vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=12,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                           num_global_key_value_heads=1, layer_types=types, sliding_window=8,
+                           hidden_size_per_layer_input=0, attention_k_eq_v=True).to_dict()
+    assert "05" in cfg["per_layer_config"]  # what transformers writes
+    g = read_gemma4(Config(cfg, "config.json"))
+    assert (g.head_dim_swa, g.head_dim_full, g.kv_heads_swa, g.kv_heads_full) == (16, 32, 2, 1)

@@ -44,10 +44,15 @@ class Case:
     # deliberate differences
     ours_only_keys: frozenset = frozenset()
     llama_cpp_only_tensors: frozenset = frozenset()
+    # llama.cpp reads this checkpoint's config.json as written (see the wrapper below)
+    raw_config: bool = False
 
 
 DSPARK_KEYS = frozenset({"dflash.markov_head_type"})  # our addition for every DSpark draft
 SHARED_EMBEDDING = frozenset({"token_embd.weight"})  # equal to the target's: we share it
+# a Gemma-4 DeepSpec draft copies the target's (tied) embedding as embedding and as lm head
+SHARED_EMBEDDING_AND_HEAD = frozenset({"token_embd.weight", "output.weight"})
+GEMMA = "default"  # the gemma4 tokenizer model has no pre-tokenizer name
 
 CASES = [
     Case("qwen3_q8_0", "qwen3", "q8_0", "qwen2"),
@@ -68,6 +73,22 @@ CASES = [
     # llama.cpp writes neither key for plain DFlash; we always state the layout explicitly
     Case("zlab_f32", "zlab", "f32", "qwen2", target="qwen3",
          ours_only_keys=frozenset({"dflash.sample_from_anchor", "dflash.has_confidence_head"})),
+    Case("qwen3moe_f16", "qwen3moe", "f16", "qwen2"),
+    Case("qwen3moe_q8_0", "qwen3moe", "q8_0", "qwen2"),
+    Case("gemma4_dense_f32", "gemma4_dense", "f32", GEMMA),
+    Case("gemma4_dense_q8_0", "gemma4_dense", "q8_0", GEMMA),
+    Case("gemma4_ple_f16", "gemma4_ple", "f16", GEMMA),
+    Case("gemma4_moe_q8_0", "gemma4_moe", "q8_0", GEMMA),
+    Case("gemma4_moe_bf16", "gemma4_moe", "bf16", GEMMA),
+    Case("gemma4_conditional_bf16", "gemma4_conditional", "bf16", GEMMA),
+    Case("gemma4_dspark_f16", "gemma4_dspark", "f16", GEMMA, target="gemma4_dense",
+         ours_only_keys=DSPARK_KEYS, llama_cpp_only_tensors=SHARED_EMBEDDING_AND_HEAD,
+         raw_config=True),
+    Case("gemma4_dspark_conditional_q8_0", "gemma4_dspark_conditional", "q8_0", GEMMA,
+         target="gemma4_conditional", ours_only_keys=DSPARK_KEYS,
+         llama_cpp_only_tensors=SHARED_EMBEDDING_AND_HEAD, raw_config=True),
+    # llama.cpp's converter cannot map Gemma-4 layers of a speculators draft (it reads them as
+    # Qwen3 layers): those drafts are checked in test_convert.py only
 ]
 
 
@@ -83,7 +104,20 @@ def _build_checkpoints(root: Path) -> dict[str, Path]:
         "spec_bonus": hf.make_speculators_dspark(root / "spec_bonus", qwen3, sample_from_anchor=False),
         "specforge": hf.make_specforge_dspark(root / "specforge", qwen3),
         "zlab": hf.make_zlab_dflash(root / "zlab", qwen3),
+        "qwen3moe": hf.make_qwen3moe_target(root / "qwen3moe"),
+        **_gemma4_checkpoints(root),
     }
+
+
+def _gemma4_checkpoints(root: Path) -> dict[str, Path]:
+    models = {f"gemma4_{v}": hf.make_gemma4_target(root / f"gemma4_{v}", v)
+              for v in hf.GEMMA4_VARIANTS}
+    models["gemma4_conditional"] = hf.make_gemma4_conditional_target(root / "gemma4_conditional")
+    models["gemma4_dspark"] = hf.make_gemma4_dspark(root / "gemma4_dspark",
+                                                    models["gemma4_dense"])
+    models["gemma4_dspark_conditional"] = hf.make_gemma4_dspark(
+        root / "gemma4_dspark_conditional", models["gemma4_conditional"])
+    return models
 
 
 # ----------------------------------------------------------------------------------------------
@@ -114,11 +148,15 @@ def _extract_llama_cpp_converter() -> Path:
 
 
 # Runs llama.cpp's converter once per job in a single process (imports dominate its run time).
-# Two patches, both about our tiny tokenizers, not about the conversion itself:
+# Three patches, none about the conversion itself:
 # * llama.cpp names the pre-tokenizer by hashing a sample tokenization, which only works for
 #   published tokenizers; the job says which published family the fixture stands for.
 # * llama.cpp tries a SentencePiece tokenizer.model first and expects FileNotFoundError when
 #   there is none; without the sentencepiece package installed it would fail on the import.
+# * llama.cpp loads configs through transformers' AutoConfig. Its Gemma-4 DSpark converter reads
+#   `global_head_dim`, which the installed transformers folds into `per_layer_config` on load
+#   (the transformers DeepSpec pins kept it); for the jobs that say so, config.json is read as
+#   written instead.
 _WRAPPER = textwrap.dedent("""
     import json, runpy, sys
     tree = sys.argv[1]
@@ -129,9 +167,17 @@ _WRAPPER = textwrap.dedent("""
     def no_sentencepiece(self, *args, **kwargs):
         raise FileNotFoundError("no tokenizer.model")
     base.TextModel._set_vocab_sentencepiece = no_sentencepiece
+    load_hparams = base.ModelBase.load_hparams
+    def config_as_written(dir_model, is_mistral_format):
+        if str(dir_model) in state["raw_config"]:
+            with open(f"{dir_model}/config.json", encoding="utf-8") as f:
+                return json.load(f)
+        return load_hparams(dir_model, is_mistral_format)
+    base.ModelBase.load_hparams = staticmethod(config_as_written)
     converter = runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="llama_cpp_convert")
     for job in json.loads(sys.argv[2]):
         state["pre"] = job["pre"]
+        state["raw_config"] = job["raw_config"]
         sys.argv = ["convert_hf_to_gguf.py", *job["args"]]
         converter["main"]()
 """)
@@ -161,7 +207,8 @@ def converted(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
         args = [str(models[case.model]), "--outfile", str(theirs), "--outtype", case.outtype]
         if target:
             args += ["--target-model-dir", str(target)]
-        jobs.append({"pre": case.pre, "args": args})
+        raw = [str(models[case.model])] if case.raw_config else []
+        jobs.append({"pre": case.pre, "args": args, "raw_config": raw})
         pairs[case.name] = (ours, theirs)
     _run_llama_cpp(tree, jobs, root)
     return pairs
@@ -209,5 +256,7 @@ def test_same_gguf_as_llama_cpp(converted, case):
 
 def test_cases_cover_every_format_and_outtype():
     formats = {c.model for c in CASES}
-    assert {"qwen3", "qwen2", "llama", "deepspec", "spec_reduced", "specforge", "zlab"} <= formats
+    assert {"qwen3", "qwen2", "llama", "deepspec", "spec_reduced", "specforge", "zlab", "qwen3moe",
+            "gemma4_dense", "gemma4_ple", "gemma4_moe", "gemma4_conditional",
+            "gemma4_dspark"} <= formats
     assert {c.outtype for c in CASES} == {"f32", "f16", "bf16", "q8_0"}

@@ -29,6 +29,8 @@ VARIANTS = {
     "scales": dict(fc_scale=True, markov_w2_scale=True, n_layer=2),
     "gemma-style": dict(shared_kv=True, post_norms=True, layer_output_scale=True, hidden_activation="gelu_pytorch_tanh",
                         embedding_scale=8.0, attention_scale=1.0, value_scale=0.5),
+    "gemma-softcap": dict(shared_kv=True, post_norms=True, hidden_activation="gelu_pytorch_tanh", embedding_scale=8.0,
+                          attention_scale=1.0, logit_softcap=0.5),
     "sliding-window": dict(n_layer=2, sliding_window=4, sliding_window_pattern=[True, False]),
     "causal": dict(causal=True),
 }
@@ -123,6 +125,43 @@ def test_sampling_is_seeded(tmp_path, target):
     b = dctx.propose([1], [len(feats)], temperature=1.0, seed=3).tokens
     draws = {tuple(dctx.propose([1], [len(feats)], temperature=2.0, seed=s).tokens[0]) for s in range(20)}
     assert a.tolist() == b.tolist() and len(draws) > 1
+
+
+def _chi2_pvalue(observed: np.ndarray, expected: np.ndarray) -> float:
+    """Chi-square goodness of fit, categories with expected counts below 5 pooled into one."""
+    from scipy import stats
+
+    big = expected >= 5
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    return float(stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dspark-anchor-first", "reduced-vocab"])
+def test_sampled_slots_follow_the_draft_distribution(tmp_path, target, variant):
+    """Slots are drawn in-graph from softmax(logits / T) at one uniform each: over many seeds the
+    draws of the first two slots match the distributions of the logits each call reports (for
+    DSpark the second slot's logits depend on the first draw: the chain), and `probs` is each
+    drawn token's probability. Chi-square per slot, alpha = 1e-3."""
+    t, d, _ = _draft(tmp_path, target, variant, **VARIANTS[variant])
+    feats = _features(t, d.info.target_layers, PROMPTS[:1])[0]
+    dctx = DraftContext(d, n_ctx=128, type_kv="f32")
+    dctx.inject(feats, np.arange(len(feats)))
+    T, N, V = 1.5, 2500, t.n_vocab
+    observed, expected = np.zeros((2, V)), np.zeros((2, V))
+    for seed in range(N):
+        prop = dctx.propose([1], [len(feats)], n_draft=2, temperature=T, seed=seed, want_logits=True)
+        for j in range(2):
+            z = prop.logits[0, j] / T
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            x = prop.tokens[0, j]
+            assert prop.probs[0, j] == pytest.approx(p[x], rel=1e-4, abs=1e-7)
+            observed[j, x] += 1
+            expected[j] += p
+    for j in range(2):
+        assert _chi2_pvalue(observed[j], expected[j]) > 1e-3
 
 
 # ---- bad input -------------------------------------------------------------------------------------
@@ -258,3 +297,19 @@ def test_markov_top_k_equals_exact_when_k_covers_the_vocabulary(tmp_path, target
     assert np.abs(full.confidence - exact.confidence).max() < 1e-5
     few = dctx.propose(*args, markov_top_k=3)
     assert few.tokens.shape == exact.tokens.shape
+
+
+def test_reused_propose_graphs_give_the_same_proposals(tmp_path, target):
+    """A propose of the same shape as the previous one runs its graph again: same tokens and
+    confidences as a context whose graph is new (and the reuse is counted)."""
+    t, d, _ = _draft(tmp_path, target, "reuse")
+    feats = _features(t, d.info.target_layers, PROMPTS[:1])[0]
+    reusing, fresh = DraftContext(d, n_ctx=128, type_kv="f32"), DraftContext(d, n_ctx=128, type_kv="f32")
+    for c in (reusing, fresh):
+        c.inject(feats, np.arange(len(feats)))
+    for anchor in (1, 5, 9):
+        a = reusing.propose([anchor], [len(feats)])
+        fresh.propose([anchor], [len(feats)], n_draft=1)  # another shape: the next graph is new
+        b = fresh.propose([anchor], [len(feats)])
+        assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.confidence, b.confidence)
+    assert reusing.graph_counts()[1] >= 2 and fresh.graph_counts()[1] == 0

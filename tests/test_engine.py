@@ -253,16 +253,37 @@ def test_n_max_n_min_p_min(setup):
     assert st.n_drafted % 6 == 0  # every verified block is complete or empty
 
 
-def test_confidence_schedule_is_lossless(setup):
-    target, drafts = setup
-    eng = _engine(target, drafts["bigram"], n_seq=3, schedule="confidence")
-    expected = [_greedy(target, p, 30) for p in PROMPTS]
-    outs = {s: list(eng.add(s, p, SamplingParams(max_tokens=30))) for s, p in enumerate(PROMPTS)}
+def _run_batch(eng, n_tokens):
+    outs = {s: list(eng.add(s, p, SamplingParams(max_tokens=n_tokens))) for s, p in enumerate(PROMPTS)}
     while any(eng.status(s) == "active" for s in outs):
         eng.step()
         for s in outs:
             outs[s] += eng.new_tokens(s)[0]
-    assert [outs[s] for s in range(3)] == expected
+    return [outs[s] for s in range(len(PROMPTS))]
+
+
+def test_confidence_schedule_is_lossless(setup):
+    target, drafts = setup
+    expected = [_greedy(target, p, 30) for p in PROMPTS]
+    assert _run_batch(_engine(target, drafts["bigram"], n_seq=3, schedule="confidence"), 30) == expected
+
+
+def test_confidence_schedule_changes_the_verify_lengths(setup, tmp_path):
+    """A draft that is sure of nothing (confidence ~1e-5 everywhere): the static schedule verifies
+    every block in full, the confidence schedule next to nothing, with the same output. A
+    scheduler that leaves the blocks alone fails this."""
+    target, drafts = setup
+    r = drafts["bigram"].info.markov_rank
+    unsure = DraftModel(rewrite_gguf(drafts["bigram"].path, tmp_path / "unsure.gguf", tensors={
+        "conf_proj.weight": np.zeros((1, 64 + r), np.float32), "conf_proj.bias": np.full(1, -12.0, np.float32)}), target)
+    expected = [_greedy(target, p, 30) for p in PROMPTS]
+    static = _engine(target, unsure, n_seq=3)
+    scheduled = _engine(target, unsure, n_seq=3, schedule="confidence")
+    assert _run_batch(static, 30) == expected
+    assert _run_batch(scheduled, 30) == expected
+    n_static, n_sched = static.stats().n_drafted, scheduled.stats().n_drafted
+    assert n_static >= 3 * scheduled.n_draft  # every sequence drafted full blocks
+    assert n_sched < n_static / 4, (n_sched, n_static)
 
 
 def test_engine_refuses_what_cannot_work(setup, tmp_path):

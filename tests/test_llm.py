@@ -270,16 +270,30 @@ def test_abort_from_another_thread(models):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_ctrl_c_raises_keyboard_interrupt_and_leaves_the_llm_usable(models):
+    """SIGINT is raised from inside the first step after the first streamed token (the engine's
+    abort callback sends it), so it always lands while the engine computes, however busy the machine."""
     with LLM(models["bare"], n_ctx=8192, n_threads=1) as llm:
-        timer = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
+        armed, sent = [False], []
+
+        def send_sigint_once() -> bool:
+            if armed[0] and not sent:
+                sent.append(True)
+                os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler before the next line
+            return llm._interrupt.is_set()
+
+        llm.engine.set_abort_callback(send_sigint_once)
+        chunks = []
         with pytest.raises(KeyboardInterrupt):
-            llm.generate([1, 2, 3], max_tokens=None)  # ~8000 steps: far longer than 50 ms
-        timer.join()
+            for chunk in llm.stream([1, 2, 3], max_tokens=None):
+                chunks.append(chunk)
+                armed[0] = True
+        assert sent and len(chunks) == 1  # the step after the first token was stopped
+        llm.engine.set_abort_callback(llm._interrupt.is_set)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
         assert llm.context.kv_n_used == 0
         r = llm.generate([1, 2, 3], max_tokens=5)
         assert r.finish_reason == "length" and len(r.tokens) == 5
+        assert r.tokens[0] == chunks[0].tokens[0]
 
 
 def test_an_unfinished_stream_ends_when_another_generation_starts(models, target_llm):

@@ -244,3 +244,25 @@ def test_context_parameters_are_validated(make_target):
         Context(m, type_kv="q3")
     ctx = Context(m, n_ctx=0)
     assert ctx.n_ctx == cfg.n_ctx_train
+
+
+def test_reused_graphs_give_bit_identical_logits(make_target):
+    """Decode steps of one shape run the previous graph again; its logits are bit for bit those
+    of a freshly built graph (a context whose every graph is new: capture changes force it)."""
+    path, _, _ = make_target("reuse", arch="qwen3")
+    model = Model(path)
+    prompt = [3, 17, 42, 99, 5, 260, 7]
+    steps = [11, 12, 13, 14, 15]
+    reusing = Context(model, n_ctx=64, type_kv="f32")
+    fresh = Context(model, n_ctx=64, type_kv="f32")
+    reusing.decode(prompt)
+    fresh.decode(prompt)
+    for i, t in enumerate(steps):
+        pos = [len(prompt) + i]
+        reusing.decode([t], pos)
+        fresh.set_capture_layers([i % 2])  # a new capture list: the next graph is built anew
+        fresh.decode([t], pos)
+        assert np.array_equal(reusing.get_logits(), fresh.get_logits())
+    built, reused = reusing.graph_counts()
+    assert reused >= len(steps) - 1 and built <= 2  # prompt graph, then one decode graph for all steps
+    assert fresh.graph_counts()[1] == 0

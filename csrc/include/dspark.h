@@ -104,10 +104,12 @@ DSPARK_API void dspark_log_set(dspark_log_callback callback, void * user_data);
 
 /* Weight quantization with ggml's own kernels, by type name ("f16", "q8_0", "q4_k", ...):
  * the byte size of n_rows rows of n_per_row values, quantize (returns bytes written), and
- * dequantize n values. Negative status on an unknown type or a row length the type cannot hold. */
+ * dequantize n values from the src_size bytes at src. Negative status on an unknown type, a type
+ * with no float conversion (i8 .. i64, f64), a row length the type cannot hold, or a source
+ * buffer shorter than n values of the type. */
 DSPARK_API int64_t dspark_quant_size(const char * type, int64_t n_rows, int64_t n_per_row);
 DSPARK_API int64_t dspark_quantize(const char * type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row);
-DSPARK_API int32_t dspark_dequantize(const char * type, const void * src, float * dst, int64_t n);
+DSPARK_API int32_t dspark_dequantize(const char * type, const void * src, size_t src_size, float * dst, int64_t n);
 
 /* ---- devices ------------------------------------------------------------------------------ */
 
@@ -271,6 +273,10 @@ struct dspark_batch {
  * size or output count), CONTEXT_FULL, ABORTED; on any failure the KV cache is unchanged. */
 DSPARK_API int32_t dspark_decode(struct dspark_context * ctx, const struct dspark_batch * batch);
 
+/* Decode graphs built and reused so far: a batch of the same shape as the previous one (tokens,
+ * outputs, cache cells attended, capture, in-graph sampling) runs the previous graph again. */
+DSPARK_API void dspark_context_graph_counts(const struct dspark_context * ctx, uint64_t * built, uint64_t * reused);
+
 /* Outputs of the last decode, valid until the next one. Logits: [n_outputs][n_vocab], rows in
  * batch order of the flagged tokens. Captured: [n_tokens][width], width = n_layers_captured * n_embd. */
 DSPARK_API int32_t       dspark_n_outputs(const struct dspark_context * ctx);
@@ -344,8 +350,10 @@ struct dspark_propose_params {
     int32_t  n_draft;      /* tokens to propose per sequence, 1 .. max_draft (same for every block) */
     int32_t  markov_top_k; /* > 0: add the Markov bias to each slot's top-k base candidates only (argmax
                               drafting): k rows of the Markov W2 per slot instead of all; 0 = exact */
-    float    temperature;  /* > 0 with sample: Gumbel-max sampling of each slot (and of the Markov chain) */
-    uint64_t seed;         /* noise seed when sampling */
+    float    temperature;  /* > 0 with sample: each slot (and so the Markov chain) drawn in-graph from
+                              softmax(logits / temperature) by inverse CDF at one uniform per slot */
+    uint64_t seed;         /* seed of the uniforms when sampling: each block draws from its own stream of
+                              this seed and its sequence id, whatever else is proposed with it */
     bool     sample;       /* false: argmax chain (default) */
     bool     want_logits;  /* also return each drafted slot's full-vocabulary logits */
 };
@@ -358,10 +366,15 @@ DSPARK_API struct dspark_propose_params dspark_propose_default_params(void);
 DSPARK_API int32_t dspark_draft_propose(struct dspark_draft_context * dctx, int32_t n_seqs, const dspark_token * anchors,
                                         const dspark_pos * pos0, const dspark_seq_id * seq_ids,
                                         const struct dspark_propose_params * params);
+/* Propose graphs built and reused so far (a step of the same shape as the previous one reuses it). */
+DSPARK_API void dspark_draft_graph_counts(const struct dspark_draft_context * dctx, uint64_t * built, uint64_t * reused);
 /* [n_seqs][n_draft] token ids (target vocabulary), block-major. */
 DSPARK_API const dspark_token * dspark_draft_get_tokens(const struct dspark_draft_context * dctx, int32_t * n_seqs, int32_t * n_draft);
 /* [n_seqs][n_draft] confidence of each drafted token, or NULL without a confidence head. */
 DSPARK_API const float * dspark_draft_get_confidence(const struct dspark_draft_context * dctx);
+/* [n_seqs][n_draft] probability of each drafted token under the distribution it was drawn from
+ * (sample only; NULL otherwise): the q of speculative rejection sampling. */
+DSPARK_API const float * dspark_draft_get_probabilities(const struct dspark_draft_context * dctx);
 /* [n_seqs][n_draft][n_vocab] logits (-inf where a reduced vocab cannot reach), or NULL if not asked for. */
 DSPARK_API const float * dspark_draft_get_logits(const struct dspark_draft_context * dctx);
 
@@ -371,7 +384,7 @@ DSPARK_API const float * dspark_draft_get_logits(const struct dspark_draft_conte
  * then top_p and min_p filter on the softmax at temperature 1, then a softmax at the temperature
  * and a draw against one uniform number. 0 / 1.0 / 0.0 turn top_k / top_p / min_p off. */
 struct dspark_sampling_params {
-    float    temperature; /* default 0 (greedy) */
+    float    temperature; /* default 0 (greedy); must be finite: inf and NaN are refused */
     int32_t  top_k;       /* default 0 (off) */
     float    top_p;       /* default 1.0 (off) */
     float    min_p;       /* default 0.0 (off) */
@@ -389,7 +402,7 @@ DSPARK_API int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int3
 
 enum dspark_draft_mode {
     DSPARK_DRAFT_GREEDY_CHAIN  = 0, /* argmax chain; accept by sampling the target and matching (llama.cpp) */
-    DSPARK_DRAFT_PROBABILISTIC = 1, /* sample the chain (Gumbel-max); accept with min(1, p/q), resample the residual */
+    DSPARK_DRAFT_PROBABILISTIC = 1, /* sample the chain in-graph; accept with min(1, p/q), resample the residual */
 };
 
 enum dspark_verify_schedule {
@@ -479,6 +492,10 @@ DSPARK_API int32_t dspark_engine_remove(struct dspark_engine * engine, dspark_se
  * them with DSPARK_STATUS_ABORTED. The engine checks it only where stopping leaves every sequence
  * and both caches as they were before the call, so the engine stays usable. NULL removes it. */
 DSPARK_API void    dspark_engine_set_abort_callback(struct dspark_engine * engine, dspark_abort_callback callback, void * user_data);
+/* Request (true) or withdraw (false) a stop: while requested, the engine's computations stop as
+ * when the abort callback returns true, but nothing is called per graph node. Safe from any thread
+ * and from a signal handler; the engine never clears it itself. */
+DSPARK_API void    dspark_engine_request_abort(struct dspark_engine * engine, bool requested);
 
 /* @cdef-end */
 

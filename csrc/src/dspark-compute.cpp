@@ -44,24 +44,38 @@ void dspark_compute::set_threads(int n_threads) {
 
 bool dspark_compute::abort_trampoline(void * self) {
     const dspark_compute * c = (const dspark_compute *) self;
-    return c->abortable && c->abort_fn && c->abort_fn(c->abort_data);
+    if (!c->abortable) {
+        return false;
+    }
+    return (c->abort_flag && c->abort_flag->load(std::memory_order_relaxed)) || (c->abort_fn && c->abort_fn(c->abort_data));
 }
 
 void dspark_compute::set_abort(dspark_abort_fn fn, void * data) {
     abort_fn = fn;
     abort_data = data;
+    install_abort();
+}
+
+void dspark_compute::set_abort_flag(const std::atomic<bool> * flag) {
+    abort_flag = flag;
+    install_abort();
+}
+
+void dspark_compute::install_abort() {
+    const bool any = abort_fn || abort_flag;
     for (ggml_backend_t b : {backend, backend_cpu}) {
         ggml_backend_dev_t dev = ggml_backend_get_device(b);
         ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
         auto set = reg ? (ggml_backend_set_abort_callback_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_abort_callback")
                        : nullptr;
         if (set) {
-            set(b, fn ? abort_trampoline : nullptr, fn ? this : nullptr);
+            set(b, any ? abort_trampoline : nullptr, any ? this : nullptr);
         }
     }
 }
 
 ggml_context * dspark_compute::begin() {
+    generation++;
     if (ctx) {
         ggml_free(ctx);
     }
@@ -99,4 +113,15 @@ void dspark_compute::compute(ggml_cgraph * gf) {
 
 bool dspark_compute::device_supports(const ggml_tensor * op) const {
     return ggml_backend_supports_op(backend, op);
+}
+
+dspark_abort_request::~dspark_abort_request() {
+    for (dspark_compute * c : linked) {
+        c->set_abort_flag(nullptr);
+    }
+}
+
+void dspark_abort_request::link(dspark_compute * c) {
+    c->set_abort_flag(&requested);
+    linked.push_back(c);
 }

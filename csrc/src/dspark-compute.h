@@ -7,6 +7,7 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 
+#include <atomic>
 #include <vector>
 
 typedef bool (*dspark_abort_fn)(void * data);
@@ -25,11 +26,16 @@ struct dspark_compute {
     void init(ggml_backend_dev_t dev, int n_threads, size_t max_nodes);
     void set_threads(int n_threads);
     void set_abort(dspark_abort_fn fn, void * data);
+    // A stop flag read at every graph node like the abort callback, but without calling out: what
+    // a host language sets from any thread or signal handler (null: none).
+    void set_abort_flag(const std::atomic<bool> * flag);
     // While false, the abort callback is not consulted (a step's commit phase must not stop halfway).
     bool abortable = true;
 
     // Start describing a new graph (invalidates tensors of the previous one).
     ggml_context * begin();
+    // Counts begin() calls: a graph kept for reuse is valid while this has not changed.
+    uint64_t generation = 0;
     ggml_cgraph *  new_graph(ggml_context * ctx) const;
 
     // Size the compute buffers for this (worst-case) graph.
@@ -46,5 +52,22 @@ struct dspark_compute {
     ggml_context *       ctx = nullptr;
     dspark_abort_fn      abort_fn   = nullptr;
     void *               abort_data = nullptr;
+    const std::atomic<bool> * abort_flag = nullptr;
     static bool          abort_trampoline(void * self);
+    void                 install_abort();
+};
+
+// A stop request shared by the computes linked to it, unlinked when it goes (an engine owns one).
+struct dspark_abort_request {
+    std::atomic<bool> requested{false};
+
+    dspark_abort_request() = default;
+    ~dspark_abort_request();
+    dspark_abort_request(const dspark_abort_request &) = delete;
+    dspark_abort_request & operator=(const dspark_abort_request &) = delete;
+
+    void link(dspark_compute * c);
+
+  private:
+    std::vector<dspark_compute *> linked;
 };

@@ -2,6 +2,7 @@
 
 #include "dspark-backend.h"
 #include "dspark-impl.h"
+#include "dspark-sampler.h"
 #include "models/target-graph.h"
 
 #include <algorithm>
@@ -17,6 +18,13 @@ ggml_type dspark_kv_ggml_type(int32_t t) {
     }
 }
 
+void dspark_check_kv_type(ggml_type type, int head_dim) {
+    if (head_dim % ggml_blck_size(type) != 0) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "KV cache type %s stores blocks of %lld values; this model's head_dim (%d) "
+                     "is not a multiple of it: use f16, bf16 or f32", ggml_type_name(type), (long long) ggml_blck_size(type), head_dim);
+    }
+}
+
 dspark_context_params dspark_resolve_context_params(const dspark_context_params & in, int n_ctx_train) {
     dspark_context_params p = in;
     if (p.n_ctx == 0) {
@@ -29,7 +37,10 @@ dspark_context_params dspark_resolve_context_params(const dspark_context_params 
         p.n_seq_max = 1;
     }
     if (p.n_threads <= 0) {
-        p.n_threads = (int32_t) std::max(1u, std::thread::hardware_concurrency());
+        p.n_threads = (int32_t) std::min<unsigned>(GGML_MAX_N_THREADS, std::max(1u, std::thread::hardware_concurrency()));
+    }
+    if (p.n_threads > GGML_MAX_N_THREADS) {  // ggml's thread pool has room for no more
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_threads = %d exceeds the maximum of %d", p.n_threads, GGML_MAX_N_THREADS);
     }
     if (p.n_seq_max > DSPARK_MAX_SEQ) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_seq_max = %u exceeds the maximum of %d", p.n_seq_max, DSPARK_MAX_SEQ);
@@ -70,13 +81,23 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     const uint32_t per_seq = params.n_outputs_max_per_seq ? params.n_outputs_max_per_seq : params.n_batch;
     n_outputs_max = std::min<uint32_t>(params.n_batch, per_seq * params.n_seq_max);
 
-    compute.init(model.device(), params.n_threads, (size_t) 256 + (size_t) hp().n_layer * 64);
+    // node budget: the layers (MoE and Gemma-4 layers take about twice the nodes of a plain one),
+    // plus an in-graph sampler per sequence (engine backend sampling)
+    compute.init(model.device(), params.n_threads,
+                 (size_t) 256 + (size_t) hp().n_layer * 128 + (size_t) params.n_seq_max * dspark_sampler_graph_size());
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
-    kv.init(ggml_backend_get_default_buffer_type(compute.backend), hp().n_layer, hp().n_embd_kv(),
-            hp().n_embd_kv(), kv_type, params.n_ctx, params.n_seq_max);
-    flash_attn = params.flash_attn == DSPARK_FLASH_ATTN_ON ||
-                 (params.flash_attn == DSPARK_FLASH_ATTN_AUTO &&
-                  flash_attn_supported(compute, hp().head_dim, hp().n_head, hp().n_head_kv, kv_type));
+    for (const target_layer & l : model.target->layers) {
+        dspark_check_kv_type(kv_type, l.head_dim);
+    }
+    kv.init(ggml_backend_get_default_buffer_type(compute.backend), model.target->kv_widths(), kv_type, params.n_ctx,
+            params.n_seq_max);
+    flash_attn = params.flash_attn == DSPARK_FLASH_ATTN_ON;
+    if (params.flash_attn == DSPARK_FLASH_ATTN_AUTO) {
+        flash_attn = true;
+        for (const target_layer & l : model.target->layers) {
+            flash_attn = flash_attn && flash_attn_supported(compute, l.head_dim, hp().n_head, l.n_head_kv, kv_type);
+        }
+    }
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
     pad_odd_columns = dspark_device_is_cpu(model.device());
     logits.resize((size_t) n_outputs_max * hp().n_vocab);
@@ -149,7 +170,8 @@ void dspark_context::validate(const dspark_batch & b, int32_t & n_out) const {
     }
 }
 
-void dspark_context::decode(const dspark_batch & b, const std::vector<target_sampling_group> * sampling, const float * uniforms) {
+void dspark_context::decode(const dspark_batch & b, const std::vector<target_sampling_group> * sampling, const float * uniforms,
+                            const float * probes) {
     int32_t n_out = 0;
     validate(b, n_out);
     std::vector<int32_t> slots;
@@ -160,7 +182,7 @@ void dspark_context::decode(const dspark_batch & b, const std::vector<target_sam
     // The batch's own cells take part in its attention: claim them now, give them back on failure.
     kv.commit(slots, b.pos, b.seq_id);
     try {
-        run(b, slots, n_out, sampling, uniforms);
+        run(b, slots, n_out, sampling, uniforms, probes);
     } catch (...) {
         kv.release(slots);
         n_outputs = 0;
@@ -169,18 +191,51 @@ void dspark_context::decode(const dspark_batch & b, const std::vector<target_sam
     }
 }
 
+const target_graph & dspark_context::graph_for(const target_graph_key & key,
+                                               const std::vector<target_sampling_group> * sampling, ggml_cgraph ** gf) {
+    if (cached_gf && cached_gen == compute.generation && cached_key == key) {
+        n_graphs_reused++;
+        *gf = cached_gf;
+        return cached_io;
+    }
+    cached_gf = nullptr;  // until the new one is complete
+    ggml_context * ctx = compute.begin();
+    ggml_cgraph * g_new = compute.new_graph(ctx);
+    dspark_graph g = {ctx, g_new, pad_odd_columns};
+    cached_io = build_target_graph(g, *model.target, kv, key.n_tokens, key.n_outputs, key.n_kv, key.capture, flash_attn,
+                                   sampling);
+    compute.alloc(g_new);
+    cached_gf = g_new;
+    cached_key = key;
+    cached_gen = compute.generation;
+    n_graphs_built++;
+    *gf = g_new;
+    return cached_io;
+}
+
 void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & slots, int32_t n_out,
-                         const std::vector<target_sampling_group> * sampling, const float * uniforms) {
+                         const std::vector<target_sampling_group> * sampling, const float * uniforms, const float * probes) {
     const int T = b.n_tokens;
     const int n_kv = (int) kv.n_kv();
 
-    ggml_context * ctx = compute.begin();
-    ggml_cgraph * gf = compute.new_graph(ctx);
-    dspark_graph g = {ctx, gf, pad_odd_columns};
-    target_graph io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn, sampling);
-    compute.alloc(gf);
+    target_graph_key key;
+    key.n_tokens = T;
+    key.n_outputs = n_out;
+    key.n_kv = n_kv;
+    key.capture = capture;
+    if (sampling) {
+        key.sampling = *sampling;
+    }
+    ggml_cgraph * gf = nullptr;
+    const target_graph & io = graph_for(key, sampling, &gf);
     if (io.uniforms) {
         dspark_set_input(io.uniforms, uniforms, sizeof(float) * n_out);
+    }
+    if (io.probe) {
+        if (!probes) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "a probing sampling group needs probe tokens");
+        }
+        dspark_set_input(io.probe, probes, sizeof(float) * n_out);
     }
 
     dspark_set_input(io.tokens, b.token, sizeof(int32_t) * T);
@@ -190,6 +245,12 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
     std::vector<ggml_fp16_t> mask((size_t) n_kv * T);
     kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, dspark_kv_mask_params());
     dspark_set_input(io.mask, mask.data(), mask.size() * sizeof(ggml_fp16_t));
+    if (io.mask_swa) {
+        dspark_kv_mask_params swa;
+        swa.n_swa = hp().n_swa;
+        kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, swa);
+        dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
+    }
     if (io.out_ids) {
         std::vector<int32_t> rows;
         for (int i = 0; i < T; ++i) {
@@ -207,6 +268,10 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
         sampled.resize(n_out);
         for (size_t i = 0, row = 0; i < io.sampled.size(); ++i) {
             ggml_backend_tensor_get(io.sampled[i], sampled.data() + row, 0, ggml_nbytes(io.sampled[i]));
+            if (io.probed[i]) {
+                probed.resize(n_out);
+                ggml_backend_tensor_get(io.probed[i], probed.data() + row, 0, ggml_nbytes(io.probed[i]));
+            }
             row += (*sampling)[i].count;
         }
     } else {
@@ -217,4 +282,12 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
     }
     n_outputs = n_out;
     n_captured = io.captured ? T : 0;
+}
+
+void dspark_context::logits_row(int32_t row, float * out) const {
+    if (!has_sampled || !cached_gf || cached_gen != compute.generation || !cached_io.probe || row < 0 || row >= n_outputs) {
+        dspark_throw(DSPARK_STATUS_INTERNAL, "logits of output row %d are not kept", row);
+    }
+    const size_t size = cached_io.logits->nb[1];
+    ggml_backend_tensor_get(cached_io.logits, out, size * (size_t) row, size);
 }

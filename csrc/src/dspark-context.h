@@ -25,7 +25,9 @@ struct dspark_context {
     int32_t                n_outputs  = 0;     // of the last decode
     int32_t                n_captured = 0;     // tokens captured by the last decode
     std::vector<int32_t>   sampled;            // [n_outputs] ids sampled in-graph by the last decode
+    std::vector<float>     probed;             // [n_outputs] probe-token probabilities (probing groups' rows)
     bool                   has_sampled = false;
+    uint64_t               n_graphs_built = 0, n_graphs_reused = 0;  // decode graphs (statistics)
 
     dspark_context(dspark_model & model, const dspark_context_params & params);  // throws
 
@@ -33,7 +35,10 @@ struct dspark_context {
     // row, and one uniform per output row), the output rows are sampled inside the graph and only
     // the ids come back (`sampled`); the logits buffer is left as it was.
     void decode(const dspark_batch & batch, const std::vector<target_sampling_group> * sampling = nullptr,
-                const float * uniforms = nullptr);
+                const float * uniforms = nullptr, const float * probes = nullptr);
+    // One output row's logits of the last in-graph-sampled decode with probing groups (kept on the
+    // backend, not copied back); out has n_vocab floats.
+    void logits_row(int32_t row, float * out) const;
     void set_capture(const std::vector<int32_t> & ids);
 
     const target_hparams & hp() const { return model.target->hp; }
@@ -41,10 +46,20 @@ struct dspark_context {
   private:
     void validate(const dspark_batch & batch, int32_t & n_out) const;
     void run(const dspark_batch & batch, const std::vector<int32_t> & slots, int32_t n_out,
-             const std::vector<target_sampling_group> * sampling, const float * uniforms);
+             const std::vector<target_sampling_group> * sampling, const float * uniforms, const float * probes);
     void reserve_worst_case();
+    // Build the graph for `key`, or keep the last one when it was built for the same key.
+    const target_graph & graph_for(const target_graph_key & key, const std::vector<target_sampling_group> * sampling,
+                                   ggml_cgraph ** gf);
+
+    target_graph       cached_io;
+    target_graph_key   cached_key;
+    ggml_cgraph *      cached_gf  = nullptr;
+    uint64_t           cached_gen = 0;  // compute.generation when it was built
 };
 
 // Resolve defaults (0 / negative sentinels) and check ranges; throws INVALID_ARGUMENT.
 dspark_context_params dspark_resolve_context_params(const dspark_context_params & p, int n_ctx_train);
 ggml_type             dspark_kv_ggml_type(int32_t type_kv);
+// The cache is read per head: a block-quantized type needs head_dim to be whole blocks. Throws.
+void                  dspark_check_kv_type(ggml_type type, int head_dim);

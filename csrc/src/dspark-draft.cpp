@@ -15,9 +15,11 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     params = dspark_resolve_context_params(p, hp().n_ctx_train);
     // a block of every sequence must fit next to a full context: its cells are temporary
     const uint32_t n_cells = params.n_ctx + params.n_seq_max * (uint32_t) hp().block_size;
-    compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 48);
+    compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 128);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
-    kv.init(ggml_backend_get_default_buffer_type(compute.backend), hp().n_layer, hp().n_embd_kv(), hp().n_embd_kv(), kv_type, n_cells, params.n_seq_max);
+    dspark_check_kv_type(kv_type, hp().head_dim);
+    kv.init(ggml_backend_get_default_buffer_type(compute.backend), std::vector<int64_t>(hp().n_layer, hp().n_embd_kv()), kv_type,
+            n_cells, params.n_seq_max);
     flash_attn = params.flash_attn != DSPARK_FLASH_ATTN_OFF;  // CPU and GPU backends run it for these shapes
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
     pad_odd_columns = dspark_device_is_cpu(model.device());
@@ -122,8 +124,16 @@ void dspark_draft_context::validate_propose(const dspark_propose_request & r, st
                      r.n_draft, hp().max_draft(), hp().block_size,
                      hp().first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
     }
-    if (r.pick.sample && !(r.pick.temperature > 0.0f)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a temperature > 0");
+    if (r.pick.sample && (!r.samplers || !r.seeds)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a sampler and a seed per block");
+    }
+    for (int32_t i = 0; r.pick.sample && i < r.n_seqs; ++i) {
+        const dspark_sampler_params & sp = r.samplers[i];
+        if (!(sp.temperature >= 0.0f) || !std::isfinite(sp.temperature) || sp.top_k < 0 || !(sp.top_p > 0.0f && sp.top_p <= 1.0f) ||
+            !(sp.min_p >= 0.0f && sp.min_p <= 1.0f)) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampler of block %d: need a finite temperature >= 0, top_k >= 0, "
+                         "0 < top_p <= 1, 0 <= min_p <= 1", i);
+        }
     }
     std::set<int32_t> seen;
     const int B = block_len(r.n_draft);
@@ -165,34 +175,74 @@ void dspark_draft_context::propose(const dspark_propose_request & r) {
             seq[b * B + i] = r.seq_ids[b];
         }
     }
+    // A step injects at most n_draft + 1 rows per sequence: padding them to that many makes
+    // consecutive steps one graph shape (reused); the padding rows write cells left empty.
+    int32_t n_rows = r.n_inject;
+    const int32_t step_rows = r.n_seqs * (r.n_draft + 1);
     std::vector<int32_t> slots;
-    if (!kv.find_slots((uint32_t) (r.n_inject + n_tok), slots)) {
+    if (r.n_inject > 0 && r.n_inject < step_rows && kv.find_slots((uint32_t) (step_rows + n_tok), slots)) {
+        n_rows = step_rows;
+    } else if (!kv.find_slots((uint32_t) (r.n_inject + n_tok), slots)) {
         dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the draft KV cache has no room for the context rows and the blocks");
     }
-    const std::vector<int32_t> inj_slots(slots.begin(), slots.begin() + r.n_inject);
-    const std::vector<int32_t> block_slots(slots.begin() + r.n_inject, slots.end());
+    const std::vector<int32_t> inj_slots(slots.begin(), slots.begin() + n_rows);  // real rows first
+    const std::vector<int32_t> block_slots(slots.begin() + n_rows, slots.end());
     // Injected cells stay; the block's own cells are temporary: claimed for this decode only.
-    kv.commit(inj_slots, r.inject_pos, r.inject_seq);
+    kv.commit(std::vector<int32_t>(inj_slots.begin(), inj_slots.begin() + r.n_inject), r.inject_pos, r.inject_seq);
     kv.commit(block_slots, pos.data(), seq.data());
     try {
         run_propose(r, inj_slots, block_slots);
     } catch (...) {
-        kv.release(slots);
+        kv.release(std::vector<int32_t>(inj_slots.begin(), inj_slots.begin() + r.n_inject));
+        kv.release(block_slots);
         n_seqs = 0;
         throw;
     }
     kv.release(block_slots);
 }
 
-// Gumbel(0, 1) noise for Gumbel-max sampling, from a seeded generator.
-static void fill_gumbel(std::vector<float> & out, uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::uniform_real_distribution<double> u(0.0, 1.0);
-    for (float & x : out) {
-        double v = u(rng);
-        v = std::min(std::max(v, 1e-20), 1.0 - 1e-12);
-        x = (float) -std::log(-std::log(v));
+// Uniforms in (0, 1) from a 64-bit generator: 53 random bits and half a step (never 0 or 1).
+static float open_uniform(std::mt19937_64 & rng) {
+    return (float) (((double) (rng() >> 11) + 0.5) * (1.0 / 9007199254740992.0));
+}
+
+// Per block: one uniform per slot from the block's own seeded stream, 1/T, and the argmax flag.
+void dspark_draft_context::set_sampling_inputs(const dspark_propose_request & r, const dflash_block_graph & io) const {
+    const int P = r.n_draft;
+    std::vector<float> u((size_t) r.n_seqs * P), inv_temp(r.n_seqs), greedy(r.n_seqs);
+    for (int32_t b = 0; b < r.n_seqs; ++b) {
+        const dspark_sampler_params & sp = r.samplers[b];
+        std::mt19937_64 rng(r.seeds[b]);
+        for (int j = 0; j < P; ++j) {
+            u[(size_t) j * r.n_seqs + b] = sp.greedy() ? 0.5f : open_uniform(rng);  // row j: slot j
+        }
+        inv_temp[b] = sp.greedy() ? 1.0f : 1.0f / sp.temperature;
+        greedy[b] = sp.greedy() ? 1.0f : 0.0f;
     }
+    dspark_set_input(io.uniform, u.data(), u.size() * sizeof(float));
+    dspark_set_input(io.inv_temp, inv_temp.data(), inv_temp.size() * sizeof(float));
+    dspark_set_input(io.greedy, greedy.data(), greedy.size() * sizeof(float));
+}
+
+ggml_cgraph * dspark_draft_context::graph_for(const draft_graph_key & key, const dflash_pick & pick) {
+    if (cached_gf && cached_gen == compute.generation && cached_key == key) {
+        n_graphs_reused++;
+        return cached_gf;
+    }
+    cached_gf = nullptr;
+    ggml_context * ctx = compute.begin();
+    ggml_cgraph * gf = compute.new_graph(ctx);
+    dspark_graph g = {ctx, gf, pad_odd_columns};
+    // the context rows are written to the cache before the block reads it (graph order)
+    cached_inj = key.n_rows > 0 ? build_dflash_inject(g, *model.draft, kv, key.n_rows) : dflash_inject_graph();
+    cached_io = build_dflash_block(g, *model.draft, kv, d2t_i32, key.n_seqs, key.block_len, key.n_kv, flash_attn, key.logits,
+                                   pick);
+    compute.alloc(gf);
+    cached_gf = gf;
+    cached_key = key;
+    cached_gen = compute.generation;
+    n_graphs_built++;
+    return gf;
 }
 
 void dspark_draft_context::run_propose(const dspark_propose_request & r, const std::vector<int32_t> & inj_slots,
@@ -202,22 +252,29 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
     const int P = r.n_draft;
     const int n_kv = (int) kv.n_kv();
 
-    ggml_context * ctx = compute.begin();
-    ggml_cgraph * gf = compute.new_graph(ctx);
-    dspark_graph g = {ctx, gf, pad_odd_columns};
-    // the context rows are written to the cache before the block reads it (graph order)
-    dflash_inject_graph inj;
-    if (r.n_inject > 0) {
-        inj = build_dflash_inject(g, *model.draft, kv, r.n_inject);
-    }
-    dflash_block_graph io = build_dflash_block(g, *model.draft, kv, d2t_i32, r.n_seqs, B, n_kv, flash_attn, r.want_logits, r.pick);
-    compute.alloc(gf);
-    if (r.n_inject > 0) {
+    const int n_rows = (int) inj_slots.size();  // the real context rows, then padding
+    draft_graph_key key;
+    key.n_rows = n_rows;
+    key.n_seqs = r.n_seqs;
+    key.block_len = B;
+    key.n_kv = n_kv;
+    key.logits = r.want_logits || r.keep_logits;
+    key.sample = r.pick.sample;
+    key.filter = r.pick.filter;
+    key.markov_top_k = r.pick.markov_top_k;
+    ggml_cgraph * gf = graph_for(key, r.pick);
+    const dflash_inject_graph & inj = cached_inj;
+    const dflash_block_graph & io = cached_io;
+    if (n_rows > 0) {
         const int32_t width = (int32_t) hp().target_layers.size() * hp().n_embd;
-        dspark_set_input(inj.feat, r.inject_features, sizeof(float) * (size_t) r.n_inject * width);
-        dspark_set_input(inj.pos, r.inject_pos, sizeof(int32_t) * r.n_inject);
+        std::vector<float> feat((size_t) n_rows * width, 0.0f);
+        std::copy(r.inject_features, r.inject_features + (size_t) r.n_inject * width, feat.begin());
+        std::vector<int32_t> ipos(n_rows, 0);
+        std::copy(r.inject_pos, r.inject_pos + r.n_inject, ipos.begin());
+        dspark_set_input(inj.feat, feat.data(), feat.size() * sizeof(float));
+        dspark_set_input(inj.pos, ipos.data(), sizeof(int32_t) * n_rows);
         std::vector<int64_t> iidx(inj_slots.begin(), inj_slots.end());
-        dspark_set_input(inj.kv_idx, iidx.data(), sizeof(int64_t) * r.n_inject);
+        dspark_set_input(inj.kv_idx, iidx.data(), sizeof(int64_t) * n_rows);
     }
 
     std::vector<int32_t> tok(n_tok), pos(n_tok), seq(n_tok);
@@ -242,48 +299,68 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
         kv.fill_mask(mask.data(), n_kv, n_tok, pos.data(), seq.data(), mp);
         dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
     }
-    if (io.noise) {
-        std::vector<float> noise(ggml_nelements(io.noise));
-        fill_gumbel(noise, r.seed);
-        dspark_set_input(io.noise, noise.data(), noise.size() * sizeof(float));
+    if (io.uniform) {
+        set_sampling_inputs(r, io);
+    }
+
+    if (io.filter) {
+        std::vector<float> filt((size_t) 3 * P * r.n_seqs);
+        for (int32_t b = 0; b < r.n_seqs; ++b) {
+            const dspark_sampler_params & sp = r.samplers[b];
+            for (int j = 0; j < P; ++j) {
+                dflash_filter_row(filt.data() + 3 * ((size_t) b * P + j), sp.top_k, sp.top_p, sp.min_p, hp().n_vocab_draft);
+            }
+        }
+        dspark_set_input(io.filter, filt.data(), filt.size() * sizeof(float));
     }
 
     compute.compute(gf);
     read_results(r, io);
 }
 
+// Per-slot outputs (one tensor per slot, [n_seqs] each; or one block-major tensor) as block-major [n_seqs][P].
+template <typename T>
+static void read_slots(const std::vector<ggml_tensor *> & outs, int n_seqs, int P, std::vector<T> & dst) {
+    dst.assign((size_t) n_seqs * P, T());
+    if (outs.size() == 1) {
+        ggml_backend_tensor_get(outs[0], dst.data(), 0, sizeof(T) * dst.size());
+        return;
+    }
+    std::vector<T> col(n_seqs);
+    for (int j = 0; j < P; ++j) {
+        ggml_backend_tensor_get(outs[j], col.data(), 0, sizeof(T) * n_seqs);
+        for (int b = 0; b < n_seqs; ++b) {
+            dst[(size_t) b * P + j] = col[b];
+        }
+    }
+}
+
 // Copy the proposal back, block-major [n_seqs][P].
 void dspark_draft_context::read_results(const dspark_propose_request & r, const dflash_block_graph & io) {
-    const int P = r.n_draft;
-    // results, block-major [n_seqs][P]
     n_seqs = r.n_seqs;
-    n_draft = P;
-    tokens.assign((size_t) n_seqs * P, 0);
-    if (io.tokens_out.size() == 1) {  // DFlash: one tensor, already block-major
-        ggml_backend_tensor_get(io.tokens_out[0], tokens.data(), 0, sizeof(int32_t) * tokens.size());
-    } else {  // DSpark: one tensor per slot, [n_seqs] each
-        std::vector<int32_t> col(n_seqs);
-        for (int j = 0; j < P; ++j) {
-            ggml_backend_tensor_get(io.tokens_out[j], col.data(), 0, sizeof(int32_t) * n_seqs);
-            for (int b = 0; b < n_seqs; ++b) {
-                tokens[(size_t) b * P + j] = col[b];
-            }
-        }
-    }
+    n_draft = r.n_draft;
+    read_slots(io.tokens_out, n_seqs, n_draft, tokens);
     confidence.clear();
     if (!io.conf_out.empty()) {
-        confidence.assign((size_t) n_seqs * P, 0.0f);
-        std::vector<float> col(n_seqs);
-        for (int j = 0; j < P; ++j) {
-            ggml_backend_tensor_get(io.conf_out[j], col.data(), 0, sizeof(float) * n_seqs);
-            for (int b = 0; b < n_seqs; ++b) {
-                confidence[(size_t) b * P + j] = col[b];
-            }
-        }
+        read_slots(io.conf_out, n_seqs, n_draft, confidence);
+    }
+    probs.clear();
+    if (!io.prob_out.empty()) {
+        read_slots(io.prob_out, n_seqs, n_draft, probs);
     }
     logits.clear();
-    if (io.logits) {
+    kept_logits = io.logits;
+    kept_gen = compute.generation;
+    if (io.logits && r.want_logits) {
         logits.resize((size_t) ggml_nelements(io.logits));
         ggml_backend_tensor_get(io.logits, logits.data(), 0, logits.size() * sizeof(float));
     }
+}
+
+void dspark_draft_context::logits_row(int32_t block, int32_t slot, float * out) const {
+    if (!kept_logits || kept_gen != compute.generation || block < 0 || block >= n_seqs || slot < 0 || slot >= n_draft) {
+        dspark_throw(DSPARK_STATUS_INTERNAL, "draft logits of block %d slot %d are not available", block, slot);
+    }
+    const size_t row = kept_logits->nb[1];
+    ggml_backend_tensor_get(kept_logits, out, row * ((size_t) block * n_draft + slot), row);
 }

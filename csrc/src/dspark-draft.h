@@ -5,11 +5,24 @@
 #include "dspark.h"
 #include "dspark-compute.h"
 #include "dspark-kv-cache.h"
+#include "dspark-sampler.h"
 #include "dspark-model.h"
 #include "models/dflash-graph.h"
 
 #include <random>
 #include <vector>
+
+// What a propose graph is built for (see the target's graph reuse): consecutive steps of one
+// shape run the same graph.
+struct draft_graph_key {
+    int  n_rows = 0, n_seqs = 0, block_len = 0, n_kv = 0, markov_top_k = 0;
+    bool logits = false, sample = false, filter = false;
+
+    bool operator==(const draft_graph_key & o) const {
+        return n_rows == o.n_rows && n_seqs == o.n_seqs && block_len == o.block_len && n_kv == o.n_kv &&
+               markov_top_k == o.markov_top_k && logits == o.logits && sample == o.sample && filter == o.filter;
+    }
+};
 
 // What one propose call asks for.
 struct dspark_propose_request {
@@ -18,9 +31,14 @@ struct dspark_propose_request {
     const dspark_pos    * pos0    = nullptr;  // [n_seqs] position of the anchor
     const dspark_seq_id * seq_ids = nullptr;  // [n_seqs]
     int32_t               n_draft = 0;        // tokens to propose per sequence (same for all)
-    bool                  want_logits = false;
-    dflash_pick           pick;               // argmax, or Gumbel-max sampling
-    uint64_t              seed = 0;           // noise seed when sampling
+    bool                  want_logits = false;  // copy every slot's logits back (`logits`)
+    bool                  keep_logits = false;  // keep them on the backend only, for logits_row()
+    dflash_pick           pick;               // argmax, or in-graph sampling
+    // With pick.sample, per block: its sampler (temperature 0 = argmax; top_k / top_p / min_p
+    // filter the draft's logits when pick.filter) and the seed of its own stream of uniforms (one
+    // per slot), so a block's draw depends on nothing else in the call. [n_seqs] each.
+    const dspark_sampler_params * samplers = nullptr;
+    const uint64_t *      seeds = nullptr;
     // Target features to inject first, in the same graph (the positions committed since the last
     // propose): rows [n_inject][width] at (inject_pos, inject_seq). They stay in the cache.
     int32_t               n_inject = 0;
@@ -42,7 +60,13 @@ struct dspark_draft_context {
     int32_t               n_draft = 0;
     std::vector<int32_t>  tokens;
     std::vector<float>    confidence;
+    std::vector<float>    probs;       // when sampling: each token's probability under its draw's distribution
     std::vector<float>    logits;
+    uint64_t              n_graphs_built = 0, n_graphs_reused = 0;  // propose graphs (statistics)
+
+    // One slot's full-vocabulary logits of the last propose (want_logits or keep_logits), read from
+    // the backend; out has n_vocab floats. Throws if they are not there any more.
+    void logits_row(int32_t block, int32_t slot, float * out) const;
 
     dspark_draft_context(dspark_model & draft, const dspark_context_params & params);  // throws
     ~dspark_draft_context();
@@ -65,5 +89,14 @@ struct dspark_draft_context {
     void run_propose(const dspark_propose_request & req, const std::vector<int32_t> & inj_slots,
                      const std::vector<int32_t> & block_slots);
     void read_results(const dspark_propose_request & req, const dflash_block_graph & io);
+    void set_sampling_inputs(const dspark_propose_request & req, const dflash_block_graph & io) const;
+    ggml_tensor *         kept_logits = nullptr;  // the last propose's logits tensor, valid while
+    uint64_t              kept_gen    = 0;        // compute.generation is this
+    ggml_cgraph * graph_for(const draft_graph_key & key, const dflash_pick & pick);
+    dflash_inject_graph   cached_inj;
+    dflash_block_graph    cached_io;
+    draft_graph_key       cached_key;
+    ggml_cgraph *         cached_gf  = nullptr;
+    uint64_t              cached_gen = 0;
     void reserve_worst_case();
 };

@@ -26,6 +26,10 @@ static dspark_sampler_params to_sampler(const dspark_sampling_params * p) {
 
 dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & p)
     : tgt(target), dft(draft), params(p) {
+    abort.link(&tgt.compute);
+    if (dft) {
+        abort.link(&dft->compute);
+    }
     total = dspark_spec_stats();
     if (params.n_min < 0 || params.n_max < 0 || params.markov_top_k < 0 || !(params.p_min >= 0.0f && params.p_min <= 1.0f)) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_max, n_min and markov_top_k must be >= 0 and p_min in [0, 1]");
@@ -49,6 +53,13 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
     if (params.n_max > dh.max_draft()) {
         DSPARK_LOG_WARN("n_max %d clamped to %d: the draft's block_size is %d (%s)", params.n_max, n_draft, dh.block_size,
                         dh.first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
+    }
+    // a context too small for a whole block (n_batch = min(n_batch, n_ctx)) verifies shorter ones,
+    // so that it still generates (and refuses a long prompt as too long, not as a batch problem)
+    if ((uint32_t) n_draft + 1 > tgt.params.n_batch) {
+        DSPARK_LOG_WARN("n_max %d clamped to %u: the target context's n_batch is %u", n_draft, tgt.params.n_batch - 1,
+                        tgt.params.n_batch);
+        n_draft = (int32_t) tgt.params.n_batch - 1;
     }
     params.n_min = std::min(params.n_min, n_draft);
     if (params.p_min > 0.0f && dh.markov != markov_head::none && !dh.has_confidence) {
@@ -318,7 +329,20 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
         dft->inject(inj_feat.data() + done * width, m, width, inj_pos.data() + done, inj_seq.data() + done);
         done += m;
     }
-    const bool sampled = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !plans[which[0]].s->sp.greedy();
+    // Probabilistic drafting: each sampled sequence drafts at its own temperature from noise of its
+    // own stream (a greedy one at 0: argmax), so its block does not depend on its neighbours.
+    // Its top-k / top-p / min-p filter the draft's logits too: q then has the support of p.
+    std::vector<dspark_sampler_params> samplers;
+    std::vector<uint64_t> seeds;
+    bool sampled = false, filtered = false;
+    for (size_t i : which) {
+        dspark_seq_state & s = *plans[i].s;
+        const bool own = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !s.sp.greedy();
+        samplers.push_back(own ? s.sp : dspark_sampler_params());
+        seeds.push_back(own ? s.aux() : 0);
+        sampled = sampled || own;
+        filtered = filtered || (own && s.sp.sorts(dft->hp().n_vocab_draft));
+    }
     dspark_propose_request r;
     r.n_inject = (int32_t) (inj_pos.size() - done);
     r.inject_features = inj_feat.data() + done * width;
@@ -329,11 +353,12 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     r.pos0 = pos0.data();
     r.seq_ids = ids.data();
     r.n_draft = n_draft;  // every block has the same length; budgets cut afterwards
-    r.want_logits = sampled;
+    r.keep_logits = sampled;  // read back one row only where a draft token is rejected
     r.pick.sample = sampled;
-    r.pick.temperature = sampled ? plans[which[0]].s->sp.temperature : 1.0f;
+    r.pick.filter = filtered;
     r.pick.markov_top_k = params.markov_top_k;
-    r.seed = sampled ? plans[which[0]].s->aux() : 0;
+    r.samplers = samplers.data();
+    r.seeds = seeds.data();
     dft->propose(r);
     for (size_t i : which) {
         plans[i].s->pending_feat.clear();
@@ -361,8 +386,9 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
         if (conf) {
             p.conf.assign(conf, conf + k);
         }
-        if (sampled) {
-            p.q_logits.assign(dft->logits.begin() + (size_t) w * n_draft * V, dft->logits.begin() + ((size_t) w * n_draft + k) * V);
+        if (!samplers[w].greedy()) {
+            p.q.assign(dft->probs.begin() + (size_t) w * n_draft, dft->probs.begin() + (size_t) w * n_draft + k);
+            p.draft_block = (int) w;
         }
     }
     if (params.schedule == DSPARK_SCHEDULE_CONFIDENCE) {
@@ -412,15 +438,51 @@ void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
     }
 }
 
+// Verify every plan's block with the target, in as few decodes as n_batch allows: a step of many
+// sequences can exceed one batch (n_seq_max x (n_draft + 1) > n_batch), so consecutive plans are
+// grouped into chunks of at most n_batch rows. Only the first chunk's decode can be aborted: once
+// a chunk has committed, the rest of the step runs to the end, so a step is all or nothing.
 void dspark_engine::verify(std::vector<plan> & plans) {
+    const size_t n_batch = tgt.params.n_batch;
+    size_t n_rows = 0;
+    for (const plan & p : plans) {
+        n_rows += p.draft.size() + 1;
+    }
+    // all or nothing: a later chunk must not run out of cells after an earlier one committed
+    if (n_rows > n_batch && n_rows > tgt.kv.n_cells - tgt.kv.n_used()) {
+        dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the KV cache is full: %u of %u cells used, the verify batch needs %zu",
+                     tgt.kv.n_used(), tgt.kv.n_cells, n_rows);
+    }
+    double t_verify = 0.0;
+    struct restore_abort {
+        dspark_compute & c;
+        ~restore_abort() { c.abortable = true; }
+    } restore{tgt.compute};
+    for (size_t begin = 0; begin < plans.size();) {
+        size_t end = begin, rows = 0;
+        while (end < plans.size() && (end == begin || rows + plans[end].draft.size() + 1 <= n_batch)) {
+            rows += plans[end++].draft.size() + 1;  // one block always fits (checked at setup)
+        }
+        tgt.compute.abortable = begin == 0;
+        t_verify += verify_chunk(plans, begin, end);
+        begin = end;
+    }
+    for (plan & p : plans) {
+        p.s->stats.t_verify_ms += t_verify / plans.size();
+    }
+}
+
+// Decode plans [begin, end) in one target batch, then accept and commit each of them.
+double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size_t end) {
     auto t0 = clock_type::now();
     std::vector<dspark_token> tok;
     std::vector<dspark_pos> pos;
     std::vector<dspark_seq_id> seq;
     std::vector<target_sampling_group> groups;
-    std::vector<float> uniforms;
-    const bool backend = params.backend_sampling && params.draft_mode == DSPARK_DRAFT_GREEDY_CHAIN;
-    for (plan & p : plans) {
+    std::vector<float> uniforms, probes;
+    const bool backend = params.backend_sampling;
+    for (size_t i = begin; i < end; ++i) {
+        plan & p = plans[i];
         p.row = (int) tok.size();
         const int k = (int) p.draft.size();
         tok.push_back(p.s->anchor);
@@ -434,14 +496,27 @@ void dspark_engine::verify(std::vector<plan> & plans) {
             g.begin = p.row;
             g.count = k + 1;
             g.params = p.s->sp;
+            g.probe = rejection_sampled(p);
             groups.push_back(g);
-            const std::vector<float> u = p.s->rng.peek(k + 1);
-            uniforms.insert(uniforms.end(), u.begin(), u.end());
+            if (g.probe) {
+                // p of each draft token in the graph; the last row samples the bonus token
+                for (int j = 0; j < k; ++j) {
+                    probes.push_back((float) p.draft[j]);
+                    uniforms.push_back(0.5f);
+                }
+                probes.push_back(0.0f);
+                p.bonus_u = bonus_uniform(p);
+                uniforms.push_back(p.bonus_u);
+            } else {
+                probes.insert(probes.end(), k + 1, 0.0f);
+                const std::vector<float> u = p.s->rng.peek(k + 1);
+                uniforms.insert(uniforms.end(), u.begin(), u.end());
+            }
         }
     }
     std::vector<int8_t> out(tok.size(), 1);
     dspark_batch b = {(int32_t) tok.size(), tok.data(), pos.data(), seq.data(), out.data()};
-    tgt.decode(b, backend ? &groups : nullptr, backend ? uniforms.data() : nullptr);
+    tgt.decode(b, backend ? &groups : nullptr, backend ? uniforms.data() : nullptr, backend ? probes.data() : nullptr);
     const double t_verify = ms_since(t0);
     total.t_verify_ms += t_verify;
 
@@ -454,8 +529,9 @@ void dspark_engine::verify(std::vector<plan> & plans) {
     } guard_draft(dft ? &dft->compute : nullptr);
     // accept per sequence; the features of committed positions wait for the next proposal
     const int width = dft ? (int) (dft->hp().target_layers.size() * dft->hp().n_embd) : 0;
-    for (plan & p : plans) {
-        const bool rejection = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !p.s->sp.greedy() && !p.q_logits.empty();
+    for (size_t i = begin; i < end; ++i) {
+        plan & p = plans[i];
+        const bool rejection = rejection_sampled(p);
         std::vector<dspark_token> emitted = rejection ? accept_rejection(p) : accept_greedy_chain(p);
         if (!rejection && !p.s->sp.greedy()) {
             p.s->rng.advance((int) emitted.size());  // one committed draw per emitted token
@@ -463,7 +539,6 @@ void dspark_engine::verify(std::vector<plan> & plans) {
         const int accepted = (int) emitted.size() - 1;  // the last token is always the target's own
         const int n_past = p.s->n_past;
         commit(p, emitted, accepted);
-        p.s->stats.t_verify_ms += t_verify / plans.size();
         if (dft && p.s->status == DSPARK_SEQ_ACTIVE) {
             const int keep = p.s->n_past - n_past;  // the anchor and the accepted drafts
             const float * rows = tgt.captured.data() + (size_t) p.row * width;
@@ -474,6 +549,7 @@ void dspark_engine::verify(std::vector<plan> & plans) {
         }
     }
     total.t_host_ms += ms_since(t0);
+    return t_verify;
 }
 
 // Sample the target row by row and keep the drafts it agrees with (llama.cpp's rule). Greedy rows
@@ -494,60 +570,96 @@ std::vector<dspark_token> dspark_engine::accept_greedy_chain(plan & p) const {
     return out;
 }
 
+// q of draft slot j of block b at temperature T over the target vocabulary, from its (filtered,
+// Markov-biased) logits: softmax(l / T), 0 where the logits are -inf (unreachable ids).
+void dspark_engine::draft_q_row(int b, int j, float T, std::vector<float> & q) const {
+    const int V = dft->hp().n_vocab;
+    q.resize(V);
+    dft->logits_row(b, j, q.data());
+    float mx = -INFINITY;
+    for (int v = 0; v < V; ++v) {
+        mx = std::max(mx, q[v] / T);
+    }
+    double zs = 0.0;
+    for (int v = 0; v < V; ++v) {
+        q[v] = std::isfinite(q[v]) ? expf(q[v] / T - mx) : 0.0f;
+        zs += q[v];
+    }
+    for (float & x : q) {
+        x = (float) (x / zs);
+    }
+}
+
 // Speculative rejection sampling: accept draft token x with probability min(1, p(x)/q(x)); on a
 // rejection emit a sample of the residual max(p - q, 0); after k acceptances, a sample of p.
+bool dspark_engine::rejection_sampled(const plan & p) const {
+    return params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !p.s->sp.greedy() && !p.q.empty();
+}
+
+// The uniform of a block's bonus token (drawn first, so the host and the in-graph paths consume the
+// sequence's stream alike: bonus, then one per tested draft token, then one for a residual).
+float dspark_engine::bonus_uniform(plan & p) {
+    if (p.bonus_u < 0.0f) {
+        p.bonus_u = (float) std::uniform_real_distribution<double>(0.0, 1.0)(p.s->aux);
+    }
+    return p.bonus_u;
+}
+
+// The target's sampling distribution of verify row `row` over the vocabulary (read back first
+// when the verify ran in-graph).
+void dspark_engine::target_p_row(int row, const dspark_sampler_params & sp, std::vector<float> & pd) const {
+    const int V = tgt.hp().n_vocab;
+    std::vector<float> kept;
+    const float * logits = tgt.logits.data() + (size_t) row * V;
+    if (tgt.has_sampled) {
+        kept.resize(V);
+        tgt.logits_row(row, kept.data());
+        logits = kept.data();
+    }
+    dspark_distribution dist;
+    dspark_sampler_distribution(logits, V, sp, dist);
+    pd.assign(V, 0.0f);
+    for (size_t c = 0; c < dist.ids.size(); ++c) {
+        pd[dist.ids[c]] = dist.probs[c];
+    }
+}
+
+// Speculative rejection sampling, one draft token at a time: accept x with probability
+// min(1, p(x) / q(x)) (q came with the draw; p from the verify graph, or from the logits on the
+// host); at the first rejection emit a sample of the residual max(p - q, 0) (the only place whole
+// rows are needed: one of p and one of q); after k acceptances, the bonus token sampled from p.
 std::vector<dspark_token> dspark_engine::accept_rejection(plan & p) {
     const int k = (int) p.draft.size();
     const int V = tgt.hp().n_vocab;
     const float T = p.s->sp.temperature;
     std::uniform_real_distribution<double> unif(0.0, 1.0);
+    const float u_bonus = bonus_uniform(p);
     std::vector<dspark_token> out;
-    std::vector<float> pd(V), q(V);
-    for (int j = 0; j <= k; ++j) {
-        dspark_distribution dist;
-        dspark_sampler_distribution(tgt.logits.data() + (size_t) (p.row + j) * V, V, p.s->sp, dist);
-        std::fill(pd.begin(), pd.end(), 0.0f);
-        for (size_t c = 0; c < dist.ids.size(); ++c) {
-            pd[dist.ids[c]] = dist.probs[c];
-        }
-        if (j == k) {  // all drafts accepted: the bonus token
-            double u = unif(p.s->aux), cum = 0.0;
-            dspark_token t = dist.ids.back();
-            for (size_t c = 0; c < dist.ids.size(); ++c) {
-                cum += dist.probs[c];
-                if (u < cum) {
-                    t = dist.ids[c];
-                    break;
-                }
-            }
-            out.push_back(t);
-            break;
-        }
-        // q: the distribution the draft sampled slot j from
-        const float * ql = p.q_logits.data() + (size_t) j * V;
-        float mx = -INFINITY;
-        for (int v = 0; v < V; ++v) {
-            mx = std::max(mx, ql[v] / T);
-        }
-        double zs = 0.0;
-        for (int v = 0; v < V; ++v) {
-            q[v] = std::isfinite(ql[v]) ? expf(ql[v] / T - mx) : 0.0f;
-            zs += q[v];
-        }
-        for (float & x : q) {
-            x = (float) (x / zs);
-        }
+    std::vector<float> pd, q;
+    for (int j = 0; j < k; ++j) {
         const dspark_token x = p.draft[j];
-        if (unif(p.s->aux) * q[x] < pd[x]) {
+        float px;
+        if (tgt.has_sampled) {
+            px = tgt.probed[p.row + j];
+        } else {
+            target_p_row(p.row + j, p.s->sp, pd);
+            px = pd[x];
+        }
+        if (unif(p.s->aux) * p.q[j] < px) {
             out.push_back(x);
             continue;
         }
+        if (tgt.has_sampled) {
+            target_p_row(p.row + j, p.s->sp, pd);
+        }
+        draft_q_row(p.draft_block, j, T, q);
         double wsum = 0.0;
         for (int v = 0; v < V; ++v) {
             wsum += std::max(0.0f, pd[v] - q[v]);
         }
-        double u = unif(p.s->aux) * wsum, cum = 0.0;
-        dspark_token t = dist.ids[0];
+        const double u = unif(p.s->aux) * wsum;
+        double cum = 0.0;
+        dspark_token t = x;
         if (wsum > 0.0) {
             for (int v = 0; v < V; ++v) {
                 cum += std::max(0.0f, pd[v] - q[v]);
@@ -556,9 +668,17 @@ std::vector<dspark_token> dspark_engine::accept_rejection(plan & p) {
                     break;
                 }
             }
+        } else {  // p == q up to rounding (a rejection then has probability ~0): p's top token
+            t = (dspark_token) (std::max_element(pd.begin(), pd.end()) - pd.begin());
         }
         out.push_back(t);
-        break;
+        return out;
+    }
+    // all drafts accepted: the bonus token, a draw of p at the last row
+    if (tgt.has_sampled) {
+        out.push_back(tgt.sampled[p.row + k]);
+    } else {
+        out.push_back(dspark_sample_host(tgt.logits.data() + (size_t) (p.row + k) * V, V, p.s->sp, u_bonus));
     }
     return out;
 }

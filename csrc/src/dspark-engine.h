@@ -43,6 +43,7 @@ struct dspark_engine {
     std::map<int32_t, dspark_seq_state> seqs;
     std::vector<double>    verify_ms;     // measured target decode time by batch size (confidence schedule)
     dspark_spec_stats      total;
+    dspark_abort_request   abort;         // the stop request both contexts' computations read
 
     dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & params);
 
@@ -55,14 +56,21 @@ struct dspark_engine {
         dspark_seq_state * s;
         std::vector<dspark_token> draft;     // tokens to verify after the anchor
         std::vector<float>        conf;
-        std::vector<float>        q_logits;  // [k][V] draft logits (probabilistic drafting)
+        std::vector<float>        q;         // [k] q of each drafted token (probabilistic drafting)
+        int draft_block = -1;                // its block in the last propose (to read a q row lazily)
+        float bonus_u = -1.0f;               // the bonus token's uniform, once drawn (rejection sampling)
         int row = 0;                         // first row in the verify batch
     };
     void draft_blocks(std::vector<plan> & plans);
     void schedule_by_confidence(std::vector<plan> & plans) const;
     void verify(std::vector<plan> & plans);
+    double verify_chunk(std::vector<plan> & plans, size_t begin, size_t end);
     std::vector<dspark_token> accept_greedy_chain(plan & p) const;
     std::vector<dspark_token> accept_rejection(plan & p);
+    void draft_q_row(int block, int slot, float temperature, std::vector<float> & q) const;
+    void target_p_row(int row, const dspark_sampler_params & sp, std::vector<float> & pd) const;
+    bool rejection_sampled(const plan & p) const;
+    float bonus_uniform(plan & p);
     void commit(plan & p, const std::vector<dspark_token> & out, int n_drafted_accepted);
     bool finished_by(dspark_seq_state & s, dspark_token t);
     void measure_verify_cost();

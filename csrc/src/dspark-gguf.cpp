@@ -161,6 +161,29 @@ std::vector<bool> dspark_gguf::get_bool_array(const std::string & key) const {
     return std::vector<bool>(v.begin(), v.end());
 }
 
+std::vector<int> dspark_gguf::get_int_per_layer(const std::string & key, int n_layer, int64_t def) const {
+    if (!has_key(key) && def >= 0) {
+        return std::vector<int>(n_layer, (int) def);
+    }
+    const int64_t i = key_or_throw(key);
+    if (gguf_get_kv_type(gguf, i) != GGUF_TYPE_ARRAY) {
+        return std::vector<int>(n_layer, (int) get_int(key));
+    }
+    const std::vector<int64_t> v = get_int_array(key);
+    if ((int64_t) v.size() != n_layer) {
+        fail(DSPARK_STATUS_BAD_FORMAT, "key '" + key + "' has " + std::to_string(v.size()) + " values for " +
+             std::to_string(n_layer) + " layers");
+    }
+    std::vector<int> out(n_layer);
+    for (int il = 0; il < n_layer; ++il) {
+        if (v[il] < INT32_MIN || v[il] > INT32_MAX) {
+            fail(DSPARK_STATUS_BAD_FORMAT, "key '" + key + "' holds a value out of range");
+        }
+        out[il] = (int) v[il];
+    }
+    return out;
+}
+
 std::string dspark_gguf::get_str(const std::string & key, const std::string & def) const {
     return has_key(key) ? get_str(key) : def;
 }

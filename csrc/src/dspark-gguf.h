@@ -29,6 +29,9 @@ struct dspark_gguf {
     bool        get_bool(const std::string & key) const;
     std::vector<int64_t> get_int_array(const std::string & key) const;
     std::vector<bool>    get_bool_array(const std::string & key) const;
+    // An integer key given once for all layers or as an array of n_layer values (either way, n_layer
+    // values come back); `def` when absent, or a BAD_FORMAT error when absent and def < 0.
+    std::vector<int> get_int_per_layer(const std::string & key, int n_layer, int64_t def = -1) const;
 
     // with defaults when the key is absent (a present key of the wrong type is still an error)
     std::string get_str(const std::string & key, const std::string & def) const;

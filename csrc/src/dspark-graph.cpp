@@ -98,3 +98,43 @@ ggml_tensor * dspark_graph::ffn(ggml_tensor * x, ggml_tensor * gate, ggml_tensor
     ggml_tensor * h = gelu ? ggml_geglu_split(ctx, g, u) : ggml_swiglu_split(ctx, g, u);
     return ggml_mul_mat(ctx, down, h);
 }
+
+ggml_tensor * dspark_graph::moe_ffn(ggml_tensor * x, ggml_tensor * router_logits, const dspark_moe & e) const {
+    const int64_t X = router_logits->ne[0], T = router_logits->ne[1], K = e.n_used, E = x->ne[0];
+    ggml_tensor * probs = ggml_soft_max(ctx, router_logits);                              // [X, T]
+    ggml_tensor * chosen = ggml_argsort_top_k(ctx, probs, (int) K);                       // I32 [K, T]
+    ggml_tensor * w = ggml_get_rows(ctx, ggml_reshape_3d(ctx, probs, 1, X, T), chosen);   // [1, K, T]
+    if (e.renorm) {
+        ggml_tensor * w2 = ggml_reshape_2d(ctx, w, K, T);
+        // the clamp keeps a row of underflowed probabilities finite (it cannot sum to 0 otherwise)
+        ggml_tensor * sum = ggml_clamp(ctx, ggml_sum_rows(ctx, w2), 6.103515625e-5f, INFINITY);  // [1, T]
+        w = ggml_reshape_3d(ctx, ggml_div(ctx, w2, sum), 1, K, T);
+    }
+    if (e.scale != 1.0f) {
+        w = ggml_scale(ctx, w, e.scale);
+    }
+    if (e.expert_scale) {
+        ggml_tensor * ids = ggml_reshape_1d(ctx, ggml_cont(ctx, chosen), K * T);
+        ggml_tensor * s = ggml_get_rows(ctx, ggml_reshape_2d(ctx, e.expert_scale, 1, X), ids);  // [1, K·T]
+        w = ggml_mul(ctx, w, ggml_reshape_3d(ctx, s, 1, K, T));
+    }
+
+    ggml_tensor * x3 = ggml_reshape_3d(ctx, x, E, 1, T);
+    ggml_tensor * g, * u;
+    if (e.gate_up) {
+        ggml_tensor * gu = ggml_mul_mat_id(ctx, e.gate_up, x3, chosen);                  // [2F, K, T]
+        const int64_t F = gu->ne[0] / 2;
+        g = ggml_view_3d(ctx, gu, F, K, T, gu->nb[1], gu->nb[2], 0);
+        u = ggml_view_3d(ctx, gu, F, K, T, gu->nb[1], gu->nb[2], F * gu->nb[0]);
+    } else {
+        g = ggml_mul_mat_id(ctx, e.gate, x3, chosen);                                     // [F, K, T]
+        u = ggml_mul_mat_id(ctx, e.up, x3, chosen);
+    }
+    ggml_tensor * h = e.gelu ? ggml_geglu_split(ctx, g, u) : ggml_swiglu_split(ctx, g, u);
+    ggml_tensor * y = ggml_mul(ctx, ggml_mul_mat_id(ctx, e.down, h, chosen), w);          // [E, K, T]
+    ggml_tensor * out = ggml_view_2d(ctx, y, E, T, y->nb[2], 0);
+    for (int64_t k = 1; k < K; ++k) {
+        out = ggml_add(ctx, out, ggml_view_2d(ctx, y, E, T, y->nb[2], k * y->nb[1]));
+    }
+    return K == 1 ? ggml_cont(ctx, out) : out;
+}

@@ -9,6 +9,17 @@
 
 #include "ggml.h"
 
+// One mixture-of-experts FFN: expert tensors {E, F, X} (gate, up; or gate_up {E, 2F, X} with gate
+// first) and {F, E, X} (down); `expert_scale` {X} multiplies each expert's output (may be null).
+struct dspark_moe {
+    ggml_tensor * gate = nullptr, * up = nullptr, * gate_up = nullptr, * down = nullptr;
+    ggml_tensor * expert_scale = nullptr;
+    int   n_used = 1;         // experts per token (top-k)
+    bool  renorm = true;      // the top-k probabilities renormalised to sum to 1
+    float scale  = 1.0f;      // all weights times this
+    bool  gelu   = false;     // GELU (tanh) gate, else SiLU
+};
+
 struct dspark_graph {
     ggml_context * ctx;
     ggml_cgraph *  gf;
@@ -38,6 +49,10 @@ struct dspark_graph {
 
     // down · (act(gate · x) ⊙ (up · x)), act = SiLU or GELU (tanh approximation).
     ggml_tensor * ffn(ggml_tensor * x, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down, bool gelu) const;
+
+    // sum over the top-k experts e of p_e · expert_e(x), p = softmax(router_logits [X, T]) (renormalised
+    // over the chosen k when e.renorm); x [E, T]. Experts run through ggml_mul_mat_id.
+    ggml_tensor * moe_ffn(ggml_tensor * x, ggml_tensor * router_logits, const dspark_moe & e) const;
 
     void expand(ggml_tensor * t) const { ggml_build_forward_expand(gf, t); }
 };

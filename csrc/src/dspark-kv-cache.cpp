@@ -13,19 +13,24 @@ dspark_kv_cache::~dspark_kv_cache() {
     }
 }
 
-void dspark_kv_cache::init(ggml_backend_buffer_type_t buft, int n_layer, int64_t n_embd_k, int64_t n_embd_v,
+void dspark_kv_cache::init(ggml_backend_buffer_type_t buft, const std::vector<int64_t> & widths,
                            ggml_type type, uint32_t n_cells_, uint32_t n_seq_max_) {
     n_cells   = n_cells_;
     n_seq_max = n_seq_max_;
     cells.assign(n_cells, dspark_kv_cell());
-    ggml_init_params ip = { /*.mem_size =*/ (size_t) (2 * n_layer + 1) * ggml_tensor_overhead(),
+    ggml_init_params ip = { /*.mem_size =*/ (size_t) (2 * widths.size() + 1) * ggml_tensor_overhead(),
                             /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true };
     ctx = ggml_init(ip);
-    for (int il = 0; il < n_layer; ++il) {
-        k.push_back(ggml_new_tensor_2d(ctx, type, n_embd_k, n_cells));
-        v.push_back(ggml_new_tensor_2d(ctx, type, n_embd_v, n_cells));
-        ggml_format_name(k.back(), "cache_k_l%d", il);
-        ggml_format_name(v.back(), "cache_v_l%d", il);
+    for (size_t il = 0; il < widths.size(); ++il) {
+        if (widths[il] == 0) {
+            k.push_back(nullptr);
+            v.push_back(nullptr);
+            continue;
+        }
+        k.push_back(ggml_new_tensor_2d(ctx, type, widths[il], n_cells));
+        v.push_back(ggml_new_tensor_2d(ctx, type, widths[il], n_cells));
+        ggml_format_name(k.back(), "cache_k_l%d", (int) il);
+        ggml_format_name(v.back(), "cache_v_l%d", (int) il);
     }
     buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
     if (!buf) {

@@ -33,15 +33,17 @@ struct dspark_kv_cache {
     uint32_t n_cells   = 0;
     uint32_t n_seq_max = 0;
     std::vector<dspark_kv_cell> cells;
-    std::vector<ggml_tensor *>  k;  // per layer [n_embd_k, n_cells]
-    std::vector<ggml_tensor *>  v;  // per layer [n_embd_v, n_cells]
+    std::vector<ggml_tensor *>  k;  // per layer [width, n_cells], or null
+    std::vector<ggml_tensor *>  v;  // per layer [width, n_cells], or null
 
     dspark_kv_cache() = default;
     ~dspark_kv_cache();
     dspark_kv_cache(const dspark_kv_cache &) = delete;
     dspark_kv_cache & operator=(const dspark_kv_cache &) = delete;
 
-    void init(ggml_backend_buffer_type_t buft, int n_layer, int64_t n_embd_k, int64_t n_embd_v,
+    // One K and one V matrix per layer of widths[il] values per cell; a width of 0 gives the layer
+    // no cache of its own (it attends to another layer's, e.g. Gemma-4's shared-KV layers).
+    void init(ggml_backend_buffer_type_t buft, const std::vector<int64_t> & widths,
               ggml_type type, uint32_t n_cells, uint32_t n_seq_max);
 
     // Choose n free cells (lowest first); false if there are not enough. Changes nothing.

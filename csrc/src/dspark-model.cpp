@@ -20,8 +20,11 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
     }
     m->target.reset(new target_model());
     m->target->load(*m->weights);
+    if (m->target->hp.n_vocab < 1) {  // a zero-row embedding would make every graph degenerate
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "tensor 'token_embd.weight' has no rows (empty vocabulary)");
+    }
     m->weights->warn_unused();
-    m->weights->load(dspark_device_pick(params.device), params.use_mmap, params.cpu_repack, {"token_embd.weight"});
+    m->weights->load(dspark_device_pick(params.device), params.use_mmap, params.cpu_repack, {"token_embd.weight", "per_layer_token_embd.weight"});
     return m.release();
 }
 

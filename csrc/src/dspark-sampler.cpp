@@ -112,10 +112,33 @@ int32_t dspark_sample_host(const float * logits, int n_vocab, const dspark_sampl
 
 // ---- in-graph ---------------------------------------------------------------------------------
 
-ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, const dspark_sampler_params & p) {
+// The chain's probability of token `probe` (numbers, [1, r]) in each column, from the candidates'
+// probabilities probs [n, r] and their ids (I32 [n, r]; null: vocabulary order).
+static ggml_tensor * probe_probability(ggml_context * ctx, ggml_tensor * probs, ggml_tensor * ids, ggml_tensor * probe,
+                                       int64_t n_vocab) {
+    const int64_t r = probs->ne[1];
+    if (!ids) {
+        return dspark_gather_cols(ctx, probs, ggml_cast(ctx, probe, GGML_TYPE_I32));
+    }
+    // candidate ids as numbers (a gather from 0, 1, ...), compared with the probe
+    ggml_tensor * number = ggml_reshape_2d(ctx, ggml_arange(ctx, 0.0f, (float) n_vocab, 1.0f), 1, n_vocab);
+    ggml_tensor * cand = ggml_get_rows(ctx, number, ggml_reshape_1d(ctx, ggml_cont(ctx, ids), ggml_nelements(ids)));
+    cand = ggml_reshape_2d(ctx, cand, ids->ne[0], r);
+    ggml_tensor * other = ggml_step(ctx, ggml_abs(ctx, ggml_sub(ctx, cand, probe)));  // 1 where not the probe
+    return ggml_sum_rows(ctx, ggml_sub(ctx, probs, ggml_mul(ctx, probs, other)));
+}
+
+ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, const dspark_sampler_params & p,
+                                   ggml_tensor * probe, ggml_tensor ** probe_prob) {
     const int64_t V = logits->ne[0], r = logits->ne[1];
     if (p.greedy()) {
-        return ggml_argmax(ctx, logits);  // [r]
+        ggml_tensor * best = ggml_argmax(ctx, logits);  // [r]
+        if (probe) {  // probability 1 for the argmax, 0 for anything else
+            ggml_tensor * number = ggml_reshape_2d(ctx, ggml_arange(ctx, 0.0f, (float) V, 1.0f), 1, V);
+            ggml_tensor * diff = ggml_sub(ctx, ggml_get_rows(ctx, number, best), probe);
+            *probe_prob = ggml_scale_bias(ctx, ggml_step(ctx, ggml_abs(ctx, diff)), -1.0f, 1.0f);
+        }
+        return best;
     }
     ggml_tensor * vals = logits;  // candidate logits [n, r]
     ggml_tensor * ids = nullptr;  // candidate token ids I32 [n, r]; null = vocabulary order
@@ -145,6 +168,9 @@ ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggm
     }
     const int64_t n = vals->ne[0];
     ggml_tensor * probs = ggml_soft_max_ext(ctx, vals, nullptr, 1.0f / p.temperature, 0.0f);
+    if (probe) {
+        *probe_prob = probe_probability(ctx, probs, ids, probe, V);
+    }
     ggml_tensor * above = ggml_sum_rows(ctx, ggml_step(ctx, ggml_sub(ctx, ggml_cumsum(ctx, probs), u)));  // [1, r]
     above = ggml_clamp(ctx, above, 1.0f, (float) n);
     ggml_tensor * idx = ggml_cast(ctx, ggml_scale_bias(ctx, above, -1.0f, (float) n), GGML_TYPE_I32);  // [1, r]
@@ -154,7 +180,41 @@ ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggm
     return ggml_reshape_1d(ctx, dspark_gather_cols(ctx, ids, idx), r);
 }
 
+size_t dspark_sampler_graph_size() {
+    static const size_t n = [] {
+        // counted on a real build of the chain, so it follows any change to it
+        const size_t slots = 256;
+        ggml_init_params ip = { /*.mem_size =*/ slots * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+        ggml_context * ctx = ggml_init(ip);
+        ggml_tensor * logits = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 2);
+        ggml_tensor * u = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, 2);
+        ggml_tensor * probe = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 1, 2);
+        ggml_tensor * probe_prob = nullptr;
+        dspark_sampler_params p;
+        p.temperature = 1.0f;
+        p.top_k = 4;
+        p.top_p = 0.9f;
+        p.min_p = 0.1f;
+        dspark_build_sampler(ctx, ggml_view_2d(ctx, logits, 8, 2, logits->nb[1], 0), ggml_view_2d(ctx, u, 1, 2, u->nb[1], 0), p,
+                             ggml_view_2d(ctx, probe, 1, 2, probe->nb[1], 0), &probe_prob);
+        size_t count = 0;
+        for (ggml_tensor * t = ggml_get_first_tensor(ctx); t; t = ggml_get_next_tensor(ctx, t)) {
+            count++;
+        }
+        ggml_free(ctx);
+        return count - 3;  // the logits, uniforms and probes exist once per graph, not per sampler
+    }();
+    return n;
+}
+
 // ---- random stream ------------------------------------------------------------------------------
+
+uint64_t dspark_mix_seed(uint64_t seed, uint64_t stream) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (stream + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
 
 static float draw(std::mt19937 & g) {
     return (float) std::uniform_real_distribution<double>(0.0, 1.0)(g);

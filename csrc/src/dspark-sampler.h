@@ -40,8 +40,19 @@ void    dspark_sampler_distribution(const float * logits, int n_vocab, const dsp
 int32_t dspark_sample_host(const float * logits, int n_vocab, const dspark_sampler_params & p, float u);
 int32_t dspark_argmax(const float * logits, int n_vocab);
 
-// In-graph: sample each column of logits [V, r] with the uniforms u [1, r]; returns I32 [r].
-ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, const dspark_sampler_params & p);
+// In-graph: sample each column of logits [V, r] with the uniforms u [1, r]; returns I32 [r]. With
+// `probe` (token ids as numbers, F32 [1, r]) also the chain's probability of each column's probe
+// token, F32 [1, r], in *probe_prob (0 for a token the filters drop; 1/0 for greedy chains).
+ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, const dspark_sampler_params & p,
+                                   ggml_tensor * probe = nullptr, ggml_tensor ** probe_prob = nullptr);
+
+// Graph tensors one in-graph sampler (the worst case: top-k, top-p and min-p all on) adds, with the
+// two views that select its rows: what a graph's node budget must reserve per sampled sequence.
+size_t dspark_sampler_graph_size();
+
+// A seed for stream `stream` of a seeded family (splitmix64 of both): distinct, well-spread seeds
+// for different streams of one seed.
+uint64_t dspark_mix_seed(uint64_t seed, uint64_t stream);
 
 // A sequence's random stream (committed state + a scratch copy for one speculative step).
 struct dspark_rng {

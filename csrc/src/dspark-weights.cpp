@@ -24,7 +24,30 @@ dspark_weights::~dspark_weights() {
     }
 }
 
-ggml_tensor * dspark_weights::opt(const std::string & name, std::initializer_list<int64_t> ne) {
+// Types a matmul weight or embedding table may have: those ggml converts to float (and so
+// multiplies and gathers); integer types and f64 have no conversion.
+static bool is_matrix_type(ggml_type t) {
+    if (t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16 && !ggml_is_quantized(t)) {
+        return false;
+    }
+    return t == GGML_TYPE_F32 || ggml_get_type_traits(t)->to_float != nullptr;
+}
+
+void dspark_weights::check_type(const ggml_tensor * t, const std::string & name, int rank, ggml_type type) const {
+    const char * role = nullptr;
+    if (type != GGML_TYPE_COUNT) {
+        role = t->type == type ? nullptr : ggml_type_name(type);
+    } else if (rank <= 1) {
+        role = t->type == GGML_TYPE_F32 ? nullptr : "f32 (a norm weight, bias or scale)";
+    } else {
+        role = is_matrix_type(t->type) ? nullptr : "f32, f16, bf16 or a quantized type (a weight matrix)";
+    }
+    if (role) {
+        file->fail(DSPARK_STATUS_BAD_FORMAT, "tensor '" + name + "' has type " + ggml_type_name(t->type) + ", expected " + role);
+    }
+}
+
+ggml_tensor * dspark_weights::opt(const std::string & name, std::initializer_list<int64_t> ne, ggml_type type) {
     ggml_tensor * t = file->find_tensor(name);
     if (!t) {
         return nullptr;
@@ -41,12 +64,13 @@ ggml_tensor * dspark_weights::opt(const std::string & name, std::initializer_lis
                                                      shape_str(want, n));
         }
     }
+    check_type(t, name, n, type);
     used.insert(name);
     return t;
 }
 
-ggml_tensor * dspark_weights::req(const std::string & name, std::initializer_list<int64_t> ne) {
-    ggml_tensor * t = opt(name, ne);
+ggml_tensor * dspark_weights::req(const std::string & name, std::initializer_list<int64_t> ne, ggml_type type) {
+    ggml_tensor * t = opt(name, ne, type);
     if (!t) {
         file->fail(DSPARK_STATUS_BAD_FORMAT, "missing required tensor '" + name + "'");
     }
@@ -78,11 +102,19 @@ static ggml_backend_buffer_type_t cpu_repack_buft(ggml_backend_dev_t dev) {
 }
 
 // Would a matmul with weight w run from the repack buffer type? (asks the backend, as llama.cpp does)
+// 2-D weights go through mul_mat, 3-D expert stacks through mul_mat_id.
 static bool repack_supports(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * w) {
-    ggml_init_params ip = { /*.mem_size =*/ 2 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+    ggml_init_params ip = { /*.mem_size =*/ 3 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
     ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 8);
-    ggml_tensor * op = ggml_mul_mat(ctx, w, x);
+    ggml_tensor * op;
+    if (ggml_n_dims(w) == 3) {
+        ggml_tensor * x = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, w->ne[0], 2, 8);
+        ggml_tensor * ids = ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 2, 8);
+        op = ggml_mul_mat_id(ctx, w, x, ids);
+    } else {
+        ggml_tensor * x = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, w->ne[0], 8);
+        op = ggml_mul_mat(ctx, w, x);
+    }
     ggml_backend_buffer_t dummy = ggml_backend_buft_alloc_buffer(buft, 0);
     ggml_backend_buffer_t saved = w->buffer;
     w->buffer = dummy;
@@ -117,6 +149,18 @@ void dspark_weights::load_repacked(ggml_backend_buffer_type_t buft, const std::v
     n_repacked = tensors.size();
 }
 
+// Computing from the mapping needs the data section at an address the device's buffers allow
+// (ggml asserts it): a small or odd general.alignment can move it off that boundary.
+void dspark_weights::check_mmap_alignment() const {
+    const size_t align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(dev));
+    if (file->data_offset() % align != 0) {
+        file->fail(DSPARK_STATUS_BAD_FORMAT, "the tensor data starts at byte " + std::to_string(file->data_offset()) +
+                                                 ", not a multiple of " + std::to_string(align) + " (general.alignment " +
+                                                 std::to_string(gguf_get_alignment(file->gguf)) +
+                                                 "): it cannot be memory-mapped; load it with use_mmap off");
+    }
+}
+
 void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack, const std::set<std::string> & gathered) {
     dev = device;
     n_bytes = 0;
@@ -129,6 +173,12 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack,
     if (file->n_tensors() == 0) {
         return;
     }
+    ggml_backend_dev_props props;
+    ggml_backend_dev_get_props(dev, &props);
+    const bool from_map = use_mmap && props.caps.buffer_from_host_ptr;  // compute from the mapping
+    if (from_map) {
+        check_mmap_alignment();  // before anything is allocated
+    }
     map.reset(new dspark_mmap(file->path));
 
     std::vector<ggml_tensor *> repacked;
@@ -136,7 +186,8 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack,
     if (repack_buft) {
         for (int64_t i = 0; i < file->n_tensors(); ++i) {
             ggml_tensor * t = file->tensor(i);
-            if (ggml_n_dims(t) == 2 && !gathered.count(ggml_get_name(t)) && repack_supports(dev, repack_buft, t)) {
+            const int nd = ggml_n_dims(t);
+            if ((nd == 2 || nd == 3) && !gathered.count(ggml_get_name(t)) && repack_supports(dev, repack_buft, t)) {
                 repacked.push_back(t);
             }
         }
@@ -146,9 +197,7 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack,
     }
     auto is_repacked = [&](ggml_tensor * t) { return std::find(repacked.begin(), repacked.end(), t) != repacked.end(); };
 
-    ggml_backend_dev_props props;
-    ggml_backend_dev_get_props(dev, &props);
-    if (use_mmap && props.caps.buffer_from_host_ptr) {
+    if (from_map) {
         // Compute straight from the mapped file: one host buffer over the data section.
         char * base = (char *) map->addr + file->data_offset();
         const size_t size = map->size - file->data_offset();

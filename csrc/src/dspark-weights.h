@@ -28,9 +28,13 @@ struct dspark_weights {
     dspark_weights & operator=(const dspark_weights &) = delete;
 
     // A required tensor with this ggml shape (trailing dims may be omitted); throws otherwise.
-    ggml_tensor * req(const std::string & name, std::initializer_list<int64_t> ne);
+    // The type is checked too, by the role the shape implies (a bad type would abort inside a
+    // ggml op later): a 1-D tensor (norm weight, bias, scale) feeds elementwise ops with F32
+    // activations and must be F32; a matrix feeds matmuls and row gathers and must be F32, F16,
+    // BF16 or a quantized type. `type` demands one exact type instead (e.g. I64 ids).
+    ggml_tensor * req(const std::string & name, std::initializer_list<int64_t> ne, ggml_type type = GGML_TYPE_COUNT);
     // The same, but nullptr when the tensor is absent.
-    ggml_tensor * opt(const std::string & name, std::initializer_list<int64_t> ne);
+    ggml_tensor * opt(const std::string & name, std::initializer_list<int64_t> ne, ggml_type type = GGML_TYPE_COUNT);
 
     // Warn about tensors the architecture never asked for (a sign of a mismatched file).
     void warn_unused() const;
@@ -44,5 +48,7 @@ struct dspark_weights {
 
   private:
     std::set<std::string> used;
+    void check_type(const ggml_tensor * t, const std::string & name, int rank, ggml_type type) const;
+    void check_mmap_alignment() const;
     void load_repacked(ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & tensors);
 };

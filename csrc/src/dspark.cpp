@@ -161,16 +161,26 @@ int64_t dspark_quantize(const char * type, const float * src, void * dst, int64_
     return st < 0 ? st : out;
 }
 
-int32_t dspark_dequantize(const char * type, const void * src, float * dst, int64_t n) {
+int32_t dspark_dequantize(const char * type, const void * src, size_t src_size, float * dst, int64_t n) {
     return guard([&]() {
         const ggml_type t = type_by_name(type, n);
         if (!src || !dst || n < 0) {
             dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_dequantize: bad buffers or size");
         }
+        // integer and f64 types have no to_float in ggml: calling it would jump through null
+        const ggml_to_float_t to_float = ggml_get_type_traits(t)->to_float;
+        if (t != GGML_TYPE_F32 && !to_float) {
+            dspark_throw(DSPARK_STATUS_UNSUPPORTED, "dequantizing %s is not supported (no float conversion)", type);
+        }
+        const size_t need = ggml_row_size(t, n);
+        if (src_size < need) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_dequantize: %lld %s values need %zu bytes, the source has %zu",
+                         (long long) n, type, need, src_size);
+        }
         if (t == GGML_TYPE_F32) {
             memcpy(dst, src, sizeof(float) * n);
         } else {
-            ggml_get_type_traits(t)->to_float(src, dst, n);
+            to_float(src, dst, n);
         }
         return DSPARK_STATUS_OK;
     });
@@ -462,13 +472,22 @@ void dspark_context_get_params(const struct dspark_context * ctx, struct dspark_
 }
 
 int32_t dspark_context_set_threads(struct dspark_context * ctx, int32_t n_threads) {
-    if (!ctx || n_threads < 1) {
-        dspark_set_last_error("dspark_context_set_threads: need a context and n_threads >= 1");
+    if (!ctx || n_threads < 1 || n_threads > GGML_MAX_N_THREADS) {
+        dspark_set_last_error("dspark_context_set_threads: need a context and n_threads in 1 .. 512");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
     ctx->params.n_threads = n_threads;
     ctx->compute.set_threads(n_threads);
     return DSPARK_STATUS_OK;
+}
+
+void dspark_context_graph_counts(const struct dspark_context * ctx, uint64_t * built, uint64_t * reused) {
+    if (built) {
+        *built = ctx ? ctx->n_graphs_built : 0;
+    }
+    if (reused) {
+        *reused = ctx ? ctx->n_graphs_reused : 0;
+    }
 }
 
 void dspark_context_set_abort_callback(struct dspark_context * ctx, dspark_abort_callback callback, void * user_data) {
@@ -683,9 +702,22 @@ int32_t dspark_draft_propose(struct dspark_draft_context * dctx, int32_t n_seqs,
         r.n_draft = p.n_draft > 0 ? p.n_draft : dctx->hp().max_draft();
         r.want_logits = p.want_logits;
         r.pick.sample = p.sample;
-        r.pick.temperature = p.temperature;
         r.pick.markov_top_k = p.markov_top_k;
-        r.seed = p.seed;
+        // one temperature for all; each block's noise from the seed and its sequence id, so that
+        // a sequence's block is the same whatever else is proposed with it
+        const int32_t n = std::max(n_seqs, 0);
+        dspark_sampler_params sp;
+        sp.temperature = p.temperature;
+        std::vector<dspark_sampler_params> samplers(n, sp);
+        std::vector<uint64_t> seeds(n);
+        for (int32_t i = 0; i < n && seq_ids; ++i) {
+            seeds[i] = dspark_mix_seed(p.seed, (uint64_t) seq_ids[i]);
+        }
+        if (p.sample && !(p.temperature > 0.0f)) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a temperature > 0");
+        }
+        r.samplers = samplers.data();
+        r.seeds = seeds.data();
         dctx->propose(r);
         return DSPARK_STATUS_OK;
     });
@@ -702,6 +734,19 @@ const dspark_token * dspark_draft_get_tokens(const struct dspark_draft_context *
 
 const float * dspark_draft_get_confidence(const struct dspark_draft_context * dctx) {
     return dctx && !dctx->confidence.empty() ? dctx->confidence.data() : nullptr;
+}
+
+void dspark_draft_graph_counts(const struct dspark_draft_context * dctx, uint64_t * built, uint64_t * reused) {
+    if (built) {
+        *built = dctx ? dctx->n_graphs_built : 0;
+    }
+    if (reused) {
+        *reused = dctx ? dctx->n_graphs_reused : 0;
+    }
+}
+
+const float * dspark_draft_get_probabilities(const struct dspark_draft_context * dctx) {
+    return dctx && !dctx->probs.empty() ? dctx->probs.data() : nullptr;
 }
 
 const float * dspark_draft_get_logits(const struct dspark_draft_context * dctx) {
@@ -721,8 +766,19 @@ struct dspark_sampling_params dspark_sampling_default_params(void) {
 }
 
 static dspark_sampler_params sampler_of(const dspark_sampling_params & p) {
-    if (p.top_k < 0 || !(p.top_p > 0.0f && p.top_p <= 1.0f) || !(p.min_p >= 0.0f && p.min_p <= 1.0f) || std::isnan(p.temperature)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: need top_k >= 0, 0 < top_p <= 1, 0 <= min_p <= 1");
+    // each bad value by name; inf is refused like NaN (1/inf scales every logit to 0)
+    if (!std::isfinite(p.temperature)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: temperature must be finite (0 or less = greedy), got %g",
+                     (double) p.temperature);
+    }
+    if (p.top_k < 0) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: top_k must be >= 0, got %d", p.top_k);
+    }
+    if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: top_p must be in (0, 1], got %g", (double) p.top_p);
+    }
+    if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling: min_p must be in [0, 1], got %g", (double) p.min_p);
     }
     dspark_sampler_params s;
     s.temperature = p.temperature;
@@ -895,6 +951,12 @@ int32_t dspark_engine_remove(struct dspark_engine * e, dspark_seq_id seq_id) {
         e->remove(seq_id);
         return DSPARK_STATUS_OK;
     });
+}
+
+void dspark_engine_request_abort(struct dspark_engine * e, bool requested) {
+    if (e) {
+        e->abort.requested.store(requested, std::memory_order_relaxed);
+    }
 }
 
 void dspark_engine_set_abort_callback(struct dspark_engine * e, dspark_abort_callback callback, void * user_data) {

@@ -95,3 +95,20 @@ def check_ptr(ptr: Any) -> Any:
 
 def to_str(p: Any) -> str | None:
     return None if p == ffi().NULL else ffi().string(p).decode("utf-8", "replace")
+
+
+@lru_cache(maxsize=None)
+def enum(prefix: str, **renamed: str) -> dict[str, int]:
+    """The header's constants ``DSPARK_<prefix>_<NAME>`` as ``{name.lower(): value}``, with names
+    that the Python API spells otherwise renamed (``renamed={"max_tokens": "length"}``): the values
+    are the header's, never typed twice."""
+    head = f"DSPARK_{prefix}_"
+    out = {}
+    for name in dir(lib()):
+        if name.startswith(head):
+            key = name[len(head):].lower()
+            out[renamed.get(key, key)] = int(getattr(lib(), name))
+    if not out:
+        raise DSparkError(f"dspark.h declares no DSPARK_{prefix}_* constants")
+    return out
+

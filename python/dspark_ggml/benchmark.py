@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .context import Context
-from .draft import DraftContext, DraftModel
-from .engine import Engine, SpecStats
+from .draft import DraftModel
+from .engine import Engine, SpecStats, build_engine
 from .model import Model
 from .sampling import SamplingParams
 
@@ -62,16 +61,16 @@ def _run(engine: Engine, prompts: Sequence[Sequence[int]], sp: SamplingParams, d
 
 def compare(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str], prompts: Sequence[Sequence[int]], *,
             temperatures: Sequence[float] = (0.0,), draft_modes: Sequence[str] = ("greedy",), max_tokens: int = 128,
-            n_threads: int | None = None, n_max: int = 0, eog: Sequence[int] = (), progress: bool = False) -> list[BenchRow]:
+            n_threads: int | None = None, n_max: int = 0, eog: Sequence[int] = (), progress: bool = False,
+            markov_top_k: int = 0) -> list[BenchRow]:
     """Run every prompt target-only and speculatively, for each temperature and drafting mode."""
     target = Model(target_path)
     draft = DraftModel(draft_path, target)
     n_ctx = max(len(p) for p in prompts) + max_tokens + 32
 
     def engine(with_draft: bool, mode: str = "greedy") -> Engine:
-        ctx = Context(target, n_ctx=n_ctx, n_threads=n_threads)
-        dctx = DraftContext(draft, n_ctx=n_ctx, n_threads=n_threads) if with_draft else None
-        return Engine(ctx, dctx, n_max=n_max, draft_mode=mode, eog=eog)
+        return build_engine(target, draft if with_draft else None, n_ctx=n_ctx, context_options={"n_threads": n_threads},
+                            n_max=n_max, draft_mode=mode, eog=eog, markov_top_k=markov_top_k)
 
     rows = []
     for temp in temperatures:

@@ -11,9 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from .context import Context
-from .draft import DraftContext, DraftModel
-from .engine import Engine
+from .draft import DraftModel
+from .engine import build_engine
 from .model import Model
 from .sampling import SamplingParams
 
@@ -73,8 +72,7 @@ def check_draft(target_path: str | os.PathLike[str], draft_path: str | os.PathLi
     rows = []
     for name, anchor_first, offset, hint in _variants(base.info, target.n_layer):
         draft = DraftModel(draft_path, target, sample_from_anchor=anchor_first, layer_offset=offset)
-        engine = Engine(Context(target, n_ctx=n_ctx, n_threads=n_threads),
-                        DraftContext(draft, n_ctx=n_ctx, n_threads=n_threads))
+        engine = build_engine(target, draft, n_ctx=n_ctx, context_options={"n_threads": n_threads})
         for p in tokens:
             engine.generate(p, SamplingParams(max_tokens=max_tokens))
             engine.remove(0)

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import DSparkError, InvalidArgumentError
 from .sampling import SamplingParams
-from .speculative import DRAFT_MODES, SCHEDULES, SpeculativeConfig
+from .engine import draft_modes, schedules
+from .speculative import SpeculativeConfig
 
 if TYPE_CHECKING:
     from .llm import LLM
@@ -58,9 +59,9 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-draft-p-min", dest="p_min", type=float, metavar="P",
                    help=f"DSpark: cut the block where the draft's confidence drops below P "
                         f"(default: {d.p_min})")
-    g.add_argument("--spec-draft-mode", dest="draft_mode", choices=DRAFT_MODES,
+    g.add_argument("--spec-draft-mode", dest="draft_mode", choices=sorted(draft_modes()),
                    help=f"greedy chain or sampled chain with rejection sampling (default: {d.draft_mode})")
-    g.add_argument("--spec-schedule", dest="schedule", choices=SCHEDULES,
+    g.add_argument("--spec-schedule", dest="schedule", choices=sorted(schedules()),
                    help=f"verify a fixed block or DSpark's confidence schedule (default: {d.schedule})")
     g.add_argument("--backend-sampling", action="store_true", default=None,
                    help="sample the verify rows inside the target's graph")
@@ -80,7 +81,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-p", type=float, metavar="P", help=f"0.0 = off (default: {d.min_p})")
     g.add_argument("-s", "--seed", type=int, metavar="N", help="random seed (default: a fresh one)")
     g.add_argument("-n", "--max-tokens", "--n-predict", dest="max_tokens", type=int, metavar="N",
-                   help=f"tokens to generate at most; -1 = until the end or a full context "
+                   help=f"tokens to generate at most (>= 1); -1 = until the end or a full context "
                         f"(default: {d.max_tokens})")
     g.add_argument("--stop", action="append", metavar="TEXT",
                    help="stop before this text (repeatable)")
@@ -89,11 +90,27 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     names = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "stop")
     given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
-    if given.get("max_tokens", 1) <= 0:
+    if given.get("max_tokens") == -1:
         given["max_tokens"] = None
+    elif given.get("max_tokens", 1) < 1:
+        raise InvalidArgumentError(f"-n/--max-tokens must be >= 1, or -1 for no limit; got {given['max_tokens']}")
     sampling = SamplingParams(**given)
     sampling.validate()
     return sampling
+
+
+# (attribute, flag, smallest value) of the integer model options
+_MODEL_INT_RANGES = (("n_ctx", "-c/--ctx-size", 0), ("n_batch", "-b/--batch-size", 1),
+                     ("n_threads", "-t/--threads", 1))
+
+
+def check_model_arguments(args: argparse.Namespace) -> None:
+    """Refuse out-of-range model options by their flag (the library would read some of them as
+    "default", e.g. a negative thread count as all threads)."""
+    for name, flag, low in _MODEL_INT_RANGES:
+        value = getattr(args, name, None)
+        if value is not None and value < low:
+            raise InvalidArgumentError(f"{flag} must be >= {low}, got {value}")
 
 
 def speculative_from_args(args: argparse.Namespace) -> SpeculativeConfig:
@@ -136,6 +153,7 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> LLM:
     from .llm import LLM
 
     target, draft = model_paths(args)
+    check_model_arguments(args)
     names = ("n_ctx", "n_batch", "n_threads", "device", "type_kv")
     options: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.flash_attn is not None:

@@ -70,13 +70,15 @@ def _read_prompt(args: argparse.Namespace) -> Prompt:
 
 
 def _parse_token_ids(text: str) -> list[int]:
+    parts = text.replace(" ", "").split(",")
+    if parts == [""]:
+        raise InvalidArgumentError("--prompt-tokens is empty")
+    if "" in parts:  # "1,,2" or "1,2,": a token left out, not to be skipped silently
+        raise InvalidArgumentError(f"--prompt-tokens has an empty entry in {text!r}")
     try:
-        ids = [int(part) for part in text.replace(" ", "").split(",") if part]
+        return [int(part) for part in parts]
     except ValueError:
         raise InvalidArgumentError(f"--prompt-tokens takes comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise InvalidArgumentError("--prompt-tokens is empty")
-    return ids
 
 
 def run(args: argparse.Namespace) -> int:

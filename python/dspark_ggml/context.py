@@ -12,8 +12,17 @@ from .errors import InvalidArgumentError
 from .kv_cache import KVCache
 from .model import Model
 
-KV_TYPES = {"f16": 0, "f32": 1, "bf16": 2, "q8_0": 3}
-FLASH_ATTN = {"auto": -1, False: 0, True: 1, "off": 0, "on": 1}
+
+
+def kv_types() -> dict[str, int]:
+    """KV cache type names and their enum dspark_kv_type values (from the header)."""
+    return _lib.enum("KV_TYPE")
+
+
+def flash_attn_modes() -> dict[Any, int]:
+    """flash_attn spellings ("auto", "on", "off", True, False) and their enum dspark_flash_attn values."""
+    modes: dict[Any, int] = dict(_lib.enum("FLASH_ATTN"))
+    return {**modes, True: modes["on"], False: modes["off"]}
 
 
 @dataclass(frozen=True)
@@ -60,9 +69,9 @@ class Context(NativeHandle):
     def __init__(self, model: Model, *, n_ctx: int = 0, n_batch: int = 512, n_seq_max: int = 1,
                  n_outputs_max_per_seq: int = 0, n_threads: int | None = None, type_kv: str = "f16",
                  flash_attn: bool | str = "auto") -> None:
-        if type_kv not in KV_TYPES:
-            raise InvalidArgumentError(f"type_kv must be one of {sorted(KV_TYPES)}, got {type_kv!r}")
-        if flash_attn not in FLASH_ATTN:
+        if type_kv not in kv_types():
+            raise InvalidArgumentError(f"type_kv must be one of {sorted(kv_types())}, got {type_kv!r}")
+        if flash_attn not in flash_attn_modes():
             raise InvalidArgumentError(f"flash_attn must be 'auto', True or False, got {flash_attn!r}")
         for name, v in (("n_ctx", n_ctx), ("n_batch", n_batch), ("n_seq_max", n_seq_max),
                         ("n_outputs_max_per_seq", n_outputs_max_per_seq)):
@@ -73,8 +82,8 @@ class Context(NativeHandle):
         p.n_ctx, p.n_batch, p.n_seq_max = n_ctx, n_batch, n_seq_max
         p.n_outputs_max_per_seq = n_outputs_max_per_seq
         p.n_threads = n_threads or 0
-        p.type_kv = KV_TYPES[type_kv]
-        p.flash_attn = FLASH_ATTN[flash_attn]
+        p.type_kv = kv_types()[type_kv]
+        p.flash_attn = flash_attn_modes()[flash_attn]
         self.model = model
         self._handle: Any = _lib.check_ptr(lib.dspark_context_init(model.handle, p))
         self._abort_cb: Any = None
@@ -88,7 +97,7 @@ class Context(NativeHandle):
         lib, ffi = _lib.lib(), _lib.ffi()
         p = ffi.new("struct dspark_context_params *")
         lib.dspark_context_get_params(self._handle, p)
-        kv_names = {v: k for k, v in KV_TYPES.items()}
+        kv_names = {v: k for k, v in kv_types().items()}
         return ContextParams(p.n_ctx, p.n_batch, p.n_seq_max, p.n_outputs_max_per_seq, p.n_threads,
                              kv_names[p.type_kv], p.flash_attn == 1)
 
@@ -196,6 +205,13 @@ class Context(NativeHandle):
         return a.copy() if copy else a
 
     # ---- KV cache ---------------------------------------------------------------------------------
+
+    def graph_counts(self) -> tuple[int, int]:
+        """(decode graphs built, decode graphs reused) so far."""
+        ffi = _lib.ffi()
+        built, reused = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        _lib.lib().dspark_context_graph_counts(self.handle, built, reused)
+        return int(built[0]), int(reused[0])
 
     def kv_seq_rm(self, seq_id: int, p0: int = 0, p1: int = -1) -> None:
         """Remove positions [p0, p1) of a sequence (p1 < 0: to the end; seq_id -1: all sequences)."""

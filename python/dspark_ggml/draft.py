@@ -9,7 +9,7 @@ import numpy as np
 
 from . import _lib
 from ._handle import NativeHandle
-from .context import FLASH_ATTN, KV_TYPES
+from .context import flash_attn_modes, kv_types
 from .errors import InvalidArgumentError
 from .kv_cache import KVCache
 from .model import Model
@@ -83,11 +83,12 @@ class DraftModel(Model):
 
 @dataclass
 class Proposal:
-    """Draft tokens per sequence, block-major. ``confidence`` and ``logits`` may be None."""
+    """Draft tokens per sequence, block-major. ``confidence``, ``logits`` and ``probs`` may be None."""
 
     tokens: np.ndarray             # [n_seqs, n_draft] int32 (target vocabulary)
     confidence: np.ndarray | None  # [n_seqs, n_draft] float32
     logits: np.ndarray | None      # [n_seqs, n_draft, n_vocab] float32
+    probs: np.ndarray | None = None  # [n_seqs, n_draft] float32: q of each sampled token
 
 
 class DraftContext(NativeHandle):
@@ -105,14 +106,14 @@ class DraftContext(NativeHandle):
 
     def __init__(self, draft: DraftModel, *, n_ctx: int = 0, n_batch: int = 512, n_seq_max: int = 1,
                  n_threads: int | None = None, type_kv: str = "f16", flash_attn: bool | str = "auto") -> None:
-        if type_kv not in KV_TYPES:
-            raise InvalidArgumentError(f"type_kv must be one of {sorted(KV_TYPES)}, got {type_kv!r}")
+        if type_kv not in kv_types():
+            raise InvalidArgumentError(f"type_kv must be one of {sorted(kv_types())}, got {type_kv!r}")
         lib, ffi = _lib.lib(), _lib.ffi()
         p = ffi.new("struct dspark_context_params *", lib.dspark_context_default_params())
         p.n_ctx, p.n_batch, p.n_seq_max = n_ctx, n_batch, n_seq_max
         p.n_threads = n_threads or 0
-        p.type_kv = KV_TYPES[type_kv]
-        p.flash_attn = FLASH_ATTN[flash_attn]
+        p.type_kv = kv_types()[type_kv]
+        p.flash_attn = flash_attn_modes()[flash_attn]
         self.draft = draft
         self.info = draft.info
         self._handle: Any = _lib.check_ptr(lib.dspark_draft_context_init(draft.handle, p))
@@ -131,6 +132,13 @@ class DraftContext(NativeHandle):
         _lib.check(_lib.lib().dspark_draft_inject(self.handle, ffi.from_buffer("float[]", f), n, f.shape[1],
                                                   ffi.from_buffer("int32_t[]", pos), ffi.from_buffer("int32_t[]", seq)))
 
+    def graph_counts(self) -> tuple[int, int]:
+        """(propose graphs built, propose graphs reused) so far."""
+        ffi = _lib.ffi()
+        built, reused = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        _lib.lib().dspark_draft_graph_counts(self.handle, built, reused)
+        return int(built[0]), int(reused[0])
+
     def propose(self, anchors: Sequence[int] | np.ndarray, pos0: Sequence[int] | np.ndarray,
                 seq_ids: Sequence[int] | np.ndarray | None = None, *, n_draft: int = 0, want_logits: bool = False,
                 temperature: float = 0.0, seed: int = 0, markov_top_k: int = 0) -> Proposal:
@@ -140,7 +148,8 @@ class DraftContext(NativeHandle):
             anchors: the last committed token of each sequence.
             pos0: the position of each anchor (the first position not injected).
             seq_ids: default 0, 1, ... .
-            temperature: 0 (default) drafts by argmax; > 0 samples each slot (Gumbel-max, seeded).
+            temperature: 0 (default) drafts by argmax; > 0 samples each slot in-graph (inverse CDF
+                at one seeded uniform per slot); ``Proposal.probs`` then holds each token's q.
             markov_top_k: > 0 adds the Markov bias to each slot's top-k base candidates only
                 (argmax drafting; much cheaper on large vocabularies); 0 (default) = exact.
         """
@@ -165,9 +174,11 @@ class DraftContext(NativeHandle):
         tokens = np.frombuffer(ffi.buffer(tp, shape[0] * shape[1] * 4), dtype=np.int32).reshape(shape).copy()
         cp = lib.dspark_draft_get_confidence(self.handle)
         conf = None if cp == ffi.NULL else np.frombuffer(ffi.buffer(cp, tokens.size * 4), dtype=np.float32).reshape(shape).copy()
+        qp = lib.dspark_draft_get_probabilities(self.handle)
+        probs = None if qp == ffi.NULL else np.frombuffer(ffi.buffer(qp, tokens.size * 4), dtype=np.float32).reshape(shape).copy()
         lp = lib.dspark_draft_get_logits(self.handle)
         logits = None
         if lp != ffi.NULL:
             V = self.info.n_vocab
             logits = np.frombuffer(ffi.buffer(lp, tokens.size * V * 4), dtype=np.float32).reshape(*shape, V).copy()
-        return Proposal(tokens, conf, logits)
+        return Proposal(tokens, conf, logits, probs)

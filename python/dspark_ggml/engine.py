@@ -2,20 +2,32 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from . import _lib
 from ._handle import NativeHandle
 from .context import Context
-from .draft import DraftContext
+from .draft import DraftContext, DraftModel
 from .errors import InvalidArgumentError
+from .model import Model
 from .sampling import SamplingParams
 
-DRAFT_MODES = {"greedy": 0, "probabilistic": 1}
-SCHEDULES = {"static": 0, "confidence": 1}
-SEQ_STATUS = {0: "idle", 1: "active", 2: "length", 3: "eog", 4: "stop", 5: "context_full"}
+
+def draft_modes() -> dict[str, int]:
+    """Drafting mode names (enum dspark_draft_mode values, from the header)."""
+    return _lib.enum("DRAFT", greedy_chain="greedy")
+
+
+def schedules() -> dict[str, int]:
+    """Verify schedule names (enum dspark_verify_schedule values)."""
+    return _lib.enum("SCHEDULE")
+
+
+def seq_status_names() -> dict[int, str]:
+    """enum dspark_seq_status values and their names (vLLM's finish reasons where they exist)."""
+    return {v: k for k, v in _lib.enum("SEQ", max_tokens="length", ctx_full="context_full").items()}
 
 
 @dataclass
@@ -80,14 +92,14 @@ class Engine(NativeHandle):
     def __init__(self, target: Context, draft: DraftContext | None = None, *, n_max: int = 0, n_min: int = 0,
                  p_min: float = 0.0, draft_mode: str = "greedy", schedule: str = "static",
                  backend_sampling: bool = False, eog: Sequence[int] = (), markov_top_k: int = 0) -> None:
-        if draft_mode not in DRAFT_MODES:
-            raise InvalidArgumentError(f"draft_mode must be one of {sorted(DRAFT_MODES)}, got {draft_mode!r}")
-        if schedule not in SCHEDULES:
-            raise InvalidArgumentError(f"schedule must be one of {sorted(SCHEDULES)}, got {schedule!r}")
+        if draft_mode not in draft_modes():
+            raise InvalidArgumentError(f"draft_mode must be one of {sorted(draft_modes())}, got {draft_mode!r}")
+        if schedule not in schedules():
+            raise InvalidArgumentError(f"schedule must be one of {sorted(schedules())}, got {schedule!r}")
         lib, ffi = _lib.lib(), _lib.ffi()
         p = ffi.new("struct dspark_spec_params *", lib.dspark_spec_default_params())
         p.n_max, p.n_min, p.p_min = n_max, n_min, p_min
-        p.draft_mode, p.schedule, p.backend_sampling = DRAFT_MODES[draft_mode], SCHEDULES[schedule], backend_sampling
+        p.draft_mode, p.schedule, p.backend_sampling = draft_modes()[draft_mode], schedules()[schedule], backend_sampling
         p.markov_top_k = markov_top_k
         self.target, self.draft = target, draft
         self._handle: Any = _lib.check_ptr(lib.dspark_engine_init(target.handle, draft.handle if draft else ffi.NULL, p))
@@ -138,14 +150,14 @@ class Engine(NativeHandle):
 
     def status(self, seq_id: int) -> str:
         """"active", or why the sequence finished: "length", "eog", "stop", "context_full"."""
-        return SEQ_STATUS.get(_lib.lib().dspark_engine_seq_status(self.handle, seq_id), "idle")
+        return seq_status_names().get(_lib.lib().dspark_engine_seq_status(self.handle, seq_id), "idle")
 
     def stats(self, seq_id: int = -1) -> SpecStats:
         """Counters of one sequence, or of all (-1)."""
         ffi = _lib.ffi()
         s = ffi.new("struct dspark_spec_stats *")
         _lib.check(_lib.lib().dspark_engine_get_stats(self.handle, seq_id, s))
-        n = max((i + 1 for i in range(64) if s.drafted_at[i]), default=0)
+        n = max((i + 1 for i in range(_lib.lib().DSPARK_STATS_MAX_POS) if s.drafted_at[i]), default=0)
         return SpecStats(s.n_prompt, s.n_generated, s.n_steps, s.n_drafted, s.n_accepted,
                          [s.drafted_at[i] for i in range(n)], [s.accepted_at[i] for i in range(n)],
                          s.t_prefill_ms, s.t_draft_ms, s.t_verify_ms, s.t_host_ms)
@@ -161,6 +173,12 @@ class Engine(NativeHandle):
         self._abort_cb = ffi.callback("bool(void *)", lambda _data: bool(callback()))
         _lib.lib().dspark_engine_set_abort_callback(self.handle, self._abort_cb, ffi.NULL)
 
+    def request_abort(self, requested: bool = True) -> None:
+        """Ask the computations in progress (from any thread) to stop, as the abort callback does, or
+        withdraw the request; a C-side flag, so no Python runs per graph node."""
+        if self._handle is not None:  # a late request after close has nothing left to stop
+            _lib.lib().dspark_engine_request_abort(self._handle, bool(requested))
+
     def remove(self, seq_id: int) -> None:
         """Forget a sequence and free its cells in both caches."""
         _lib.check(_lib.lib().dspark_engine_remove(self.handle, seq_id))
@@ -172,3 +190,24 @@ class Engine(NativeHandle):
             self.step()
             out += self.new_tokens(seq_id)[0]
         return out
+
+
+def build_engine(target: Model, draft: DraftModel | None = None, *, n_ctx: int = 0,
+                 context_options: Mapping[str, Any] | None = None, **engine_options: Any) -> Engine:
+    """A target context, a draft context sized like it when there is a draft, and the engine over
+    them: the one way the LLM, the benchmark and `dspark-ggml check` assemble speculative decoding.
+    ``context_options`` go to both contexts (n_batch, n_seq_max, n_threads, type_kv, flash_attn;
+    n_outputs_max_per_seq to the target's only); ``engine_options`` to :class:`Engine`. The contexts
+    are ``engine.target`` and ``engine.draft``; closing them is the caller's (after the engine)."""
+    options = dict(context_options or {})
+    n_out = options.pop("n_outputs_max_per_seq", 0)
+    ctx = Context(target, n_ctx=n_ctx, n_outputs_max_per_seq=n_out, **options)
+    dctx = DraftContext(draft, n_ctx=ctx.n_ctx, **options) if draft is not None else None
+    try:
+        return Engine(ctx, dctx, **engine_options)
+    except BaseException:
+        if dctx is not None:
+            dctx.close()
+        ctx.close()
+        raise
+

@@ -5,11 +5,11 @@ import signal
 import threading
 from contextlib import contextmanager
 from types import FrameType
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 class Interrupt:
-    """The stop request the engine's abort callback reads.
+    """The stop request the engine reads (through a C-side flag that `link` points at).
 
     Set by :meth:`request` (thread-safe) or, while :meth:`catching_sigint` is active, by Ctrl-C.
     Ctrl-C only sets the flag: raising KeyboardInterrupt inside the engine's computation (from a C
@@ -20,14 +20,23 @@ class Interrupt:
     def __init__(self) -> None:
         self._event = threading.Event()
         self.by_signal = False
+        self._sinks: list[Callable[[bool], None]] = []
+
+    def link(self, sink: Callable[[bool], None]) -> None:
+        """Also pass every request (True) and clear (False) to `sink`, e.g. Engine.request_abort."""
+        self._sinks.append(sink)
 
     def request(self, *, by_signal: bool = False) -> None:
         self.by_signal = self.by_signal or by_signal
         self._event.set()
+        for sink in self._sinks:
+            sink(True)
 
     def clear(self) -> None:
         self._event.clear()
         self.by_signal = False
+        for sink in self._sinks:
+            sink(False)
 
     def is_set(self) -> bool:
         return self._event.is_set()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Generator, Mapping, Sequence, TypeVar, Un
 from .context import Context
 from .decode_loop import DecodeLoop, Request
 from .draft import DraftContext, DraftInfo, DraftModel
-from .engine import Engine
+from .engine import Engine, build_engine
 from .errors import DSparkError, InvalidArgumentError
 from .interrupt import Interrupt
 from .model import Model
@@ -100,11 +100,11 @@ class LLM:
             self.speculative = SpeculativeConfig(**{**config.to_dict(), "method": method})
             n_out = n_outputs_max_per_seq if n_outputs_max_per_seq is not None else self._verify_block()
             kw: dict[str, Any] = {"n_batch": n_batch, "n_seq_max": n_seq_max, "n_threads": n_threads,
-                                  "type_kv": type_kv, "flash_attn": flash_attn}
-            self.context = self._keep(Context(self.model, n_ctx=n_ctx, n_outputs_max_per_seq=n_out, **kw))
-            self.draft_context = (self._keep(DraftContext(self.draft_model, n_ctx=self.context.n_ctx, **kw))
-                                  if self.draft_model else None)
-            self.engine = self._keep(self._make_engine())
+                                  "type_kv": type_kv, "flash_attn": flash_attn, "n_outputs_max_per_seq": n_out}
+            engine = self._make_engine(n_ctx, kw)
+            self.context = self._keep(engine.target)
+            self.draft_context = self._keep(engine.draft) if engine.draft is not None else None
+            self.engine = self._keep(engine)
         except BaseException:
             self.close()
             raise
@@ -128,13 +128,14 @@ class LLM:
             return 1
         return _n_draft(self.speculative.n_max, self.draft_model.info) + 1
 
-    def _make_engine(self) -> Engine:
+    def _make_engine(self, n_ctx: int, context_options: dict[str, Any]) -> Engine:
         s = self.speculative
         eog = sorted(self.tokenizer.eog_ids) if self.tokenizer is not None else []
-        engine = Engine(self.context, self.draft_context, n_max=s.n_max, n_min=s.n_min, p_min=s.p_min,
-                        draft_mode=s.draft_mode, schedule=s.schedule, backend_sampling=s.backend_sampling,
-                        markov_top_k=s.markov_top_k, eog=eog)
-        engine.set_abort_callback(self._interrupt.is_set)
+        engine = build_engine(self.model, self.draft_model, n_ctx=n_ctx, context_options=context_options,
+                              n_max=s.n_max, n_min=s.n_min, p_min=s.p_min, draft_mode=s.draft_mode,
+                              schedule=s.schedule, backend_sampling=s.backend_sampling,
+                              markov_top_k=s.markov_top_k, eog=eog)
+        self._interrupt.link(engine.request_abort)  # a C flag: nothing calls into Python per graph node
         return engine
 
     # ---- lifetime -------------------------------------------------------------------------------
@@ -245,17 +246,32 @@ class LLM:
         request = self._request(prompt, with_options(sampling_params, options))
         return self._start([request])
 
-    def generate_batch(self, prompts: Sequence[Prompt], sampling_params: SamplingParams | None = None,
+    def generate_batch(self, prompts: Sequence[Prompt],
+                       sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                        **options: Unpack[SamplingOptions]) -> list[GenerationResult]:
         """Generate from several prompts, ``n_seq_max`` at a time, each verify step batching them.
 
-        Arguments and results as :meth:`generate`, one result per prompt in order. Greedy results
-        equal generate() on each prompt alone.
+        Arguments and results as :meth:`generate`, one result per prompt in order;
+        ``sampling_params`` may also be a list with one SamplingParams per prompt (as vLLM's
+        ``generate``), so mixed temperatures, seeds and stops share a batch; ``options`` override
+        fields of every one of them. A result depends only on its own prompt, parameters and
+        seed: it is the same as generate() on the prompt alone (greedy results token for token;
+        seeded sampled ones too, up to float rounding in batched matmuls).
         """
         if isinstance(prompts, str):
             raise TypeError("generate_batch() takes a list of prompts; for one prompt use generate()")
-        sampling = with_options(sampling_params, options)
-        requests = [self._request(p, sampling, index=i) for i, p in enumerate(prompts)]
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            per_prompt = [with_options(sampling_params, options)] * len(prompts)
+        else:
+            given = list(sampling_params)
+            if len(given) != len(prompts):
+                raise InvalidArgumentError(f"sampling_params has {len(given)} entries for {len(prompts)} prompts: "
+                                           "give one SamplingParams, or one per prompt")
+            if not all(isinstance(sp, SamplingParams) for sp in given):
+                raise TypeError("sampling_params takes a SamplingParams or a list of them")
+            per_prompt = [with_options(sp, options) for sp in given]
+        requests = [self._request(p, sp, index=i) for i, (p, sp) in enumerate(zip(prompts, per_prompt))]
         return self._collect(self._start(requests), requests)
 
     def chat(self, messages: Messages, sampling_params: SamplingParams | None = None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _lib
+from .errors import InvalidArgumentError
 
 
 def quantize(values: np.ndarray, type_name: str) -> np.ndarray:
@@ -23,11 +24,16 @@ def quantize(values: np.ndarray, type_name: str) -> np.ndarray:
 
 
 def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """The float32 values of quantized bytes, reshaped to ``shape`` (last axis = row)."""
+    """The float32 values of quantized bytes, reshaped to ``shape`` (last axis = row).
+
+    The core refuses a ``data`` buffer too short for ``shape`` and types with no float
+    conversion (integers, f64)."""
+    if any(int(d) < 0 for d in shape):
+        raise InvalidArgumentError(f"dequantize: shape {tuple(shape)} has a negative dimension")
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-    n = int(np.prod(shape))
+    n = int(np.prod(shape, dtype=np.int64))
     out = np.empty(n, dtype=np.float32)
     lib, ffi = _lib.lib(), _lib.ffi()
-    _lib.check(lib.dspark_dequantize(type_name.encode(), ffi.from_buffer("uint8_t[]", raw),
+    _lib.check(lib.dspark_dequantize(type_name.encode(), ffi.from_buffer("uint8_t[]", raw), raw.size,
                                      ffi.from_buffer("float[]", out), n))
     return out.reshape(shape)

@@ -1,6 +1,7 @@
 """Sampling parameters, and sampling rows of logits with the core's sampler chain."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, List, Mapping, Optional, TypedDict, Union
 
@@ -9,7 +10,6 @@ import numpy as np
 from . import _lib
 from .errors import InvalidArgumentError
 
-DEFAULT_SEED = 0xFFFFFFFF
 
 
 @dataclass
@@ -18,7 +18,7 @@ class SamplingParams:
 
     Attributes:
         temperature: 0 (default) = greedy, reproducible and token-identical with and without a
-            draft; > 0 samples.
+            draft; > 0 samples. Must be finite (inf and NaN are refused).
         top_k: keep the k most likely tokens; 0 (default) = off.
         top_p: keep the smallest set whose probability mass reaches top_p; 1.0 (default) = off.
         min_p: drop tokens below min_p times the most likely one's probability; 0.0 (default) = off.
@@ -41,8 +41,9 @@ class SamplingParams:
     stop: list[str] | str | None = None
 
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise InvalidArgumentError(f"temperature must be >= 0, got {self.temperature}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            # inf would be a uniform draw in name only (0 * inf logits): refused, as NaN
+            raise InvalidArgumentError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise InvalidArgumentError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
@@ -59,7 +60,7 @@ class SamplingParams:
         lib, ffi = _lib.lib(), _lib.ffi()
         p = ffi.new("struct dspark_sampling_params *", lib.dspark_sampling_default_params())
         p.temperature, p.top_k, p.top_p, p.min_p = self.temperature, self.top_k, self.top_p, self.min_p
-        p.seed = DEFAULT_SEED if self.seed is None else self.seed
+        p.seed = _lib.lib().DSPARK_DEFAULT_SEED if self.seed is None else self.seed
         return p
 
 

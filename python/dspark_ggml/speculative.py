@@ -7,8 +7,6 @@ from typing import Any, Mapping
 from .errors import InvalidArgumentError
 
 METHODS = ("auto", "dflash", "dspark", "none")
-DRAFT_MODES = ("greedy", "probabilistic")
-SCHEDULES = ("static", "confidence")
 
 # Other spellings people bring from llama.cpp (--spec-type) and vLLM (speculative_config).
 _METHOD_ALIASES = {"draft-dflash": "dflash", "draft-dspark": "dspark"}
@@ -57,11 +55,13 @@ class SpeculativeConfig:
         """Raise InvalidArgumentError naming the first bad field."""
         if self.method not in METHODS:
             raise InvalidArgumentError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
-        if self.draft_mode not in DRAFT_MODES:
-            raise InvalidArgumentError(f"draft_mode must be one of {', '.join(DRAFT_MODES)}, "
+        from .engine import draft_modes, schedules  # the header's enums (loads the library)
+
+        if self.draft_mode not in draft_modes():
+            raise InvalidArgumentError(f"draft_mode must be one of {', '.join(sorted(draft_modes()))}, "
                                        f"got {self.draft_mode!r}")
-        if self.schedule not in SCHEDULES:
-            raise InvalidArgumentError(f"schedule must be one of {', '.join(SCHEDULES)}, "
+        if self.schedule not in schedules():
+            raise InvalidArgumentError(f"schedule must be one of {', '.join(sorted(schedules()))}, "
                                        f"got {self.schedule!r}")
         if self.n_max < 0 or self.n_min < 0:
             raise InvalidArgumentError(f"n_max and n_min must be >= 0, got n_max={self.n_max}, "

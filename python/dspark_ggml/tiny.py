@@ -169,6 +169,7 @@ class DraftConfig:
     layer_output_scale: bool = False    # blk.N.layer_output_scale.weight {1}
     hidden_activation: Optional[str] = None  # None (SiLU) | "silu" | "gelu" | "gelu_pytorch_tanh"
     embedding_scale: Optional[float] = None
+    logit_softcap: Optional[float] = None  # dflash.final_logit_softcapping (Gemma-4 drafts)
     attention_scale: Optional[float] = None  # None: 1/sqrt(head_dim)
     value_scale: Optional[float] = None
     sliding_window: int = 0             # > 0: dflash.attention.sliding_window (+ per-layer pattern)
@@ -486,6 +487,8 @@ def _draft_metadata(w: gguf.GGUFWriter, cfg: DraftConfig, target: TargetConfig) 
         w.add_string(f"{a}.hidden_activation", cfg.hidden_activation)
     if cfg.embedding_scale is not None:
         w.add_float32(f"{a}.embedding_scale", cfg.embedding_scale)
+    if cfg.logit_softcap is not None:
+        w.add_float32(f"{a}.final_logit_softcapping", cfg.logit_softcap)
     if cfg.attention_scale is not None:
         w.add_float32(f"{a}.attention.scale", cfg.attention_scale)
     if cfg.value_scale is not None:

@@ -131,7 +131,10 @@ class DraftRef:
         for il in range(cfg.n_layer):
             x = self._block_layer(il, x, positions)
         hidden = rms_norm(x, self.w["output_norm.weight"], cfg.rms_eps)        # [B, E]
-        base_logits = self._scatter_to_vocab(hidden @ self.head.T, fill=-np.inf)  # [B, V]
+        head_logits = hidden @ self.head.T
+        if cfg.logit_softcap:
+            head_logits = cfg.logit_softcap * np.tanh(head_logits / cfg.logit_softcap)
+        base_logits = self._scatter_to_vocab(head_logits, fill=-np.inf)  # [B, V]
 
         out: Dict[str, Optional[np.ndarray]] = {"hidden": hidden, "base_logits": base_logits}
         if cfg.is_dspark and n_block <= cfg.block_size:

@@ -89,13 +89,80 @@ static ggml_tensor * to_target_ids(ggml_context * ctx, ggml_tensor * ids, ggml_t
     return ggml_reshape_1d(ctx, t, t->ne[1]);
 }
 
-// The token a slot proposes: argmax of its logits [Vd, n_blocks], or a Gumbel-max sample.
-static ggml_tensor * pick_tokens(const dspark_graph & g, ggml_tensor * logits, ggml_tensor * noise, const dflash_pick & pick) {
-    if (!pick.sample) {
-        return ggml_argmax(g.ctx, logits);
+// One pick per column of logits [Vd, n]: the argmax where greedy is 1, elsewhere an inverse-CDF
+// draw from softmax(logits · inv_temp) at the column's uniform u: the first candidate whose
+// cumulative probability reaches u times the total (the total, not 1, so rounding can never pick a
+// candidate of probability 0). u, inv_temp, greedy: F32 [1, n]. Returns draft ids I32 [n] and, in
+// *prob, each pick's probability under the distribution it was drawn from [1, n].
+static ggml_tensor * sample_columns(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, ggml_tensor * inv_temp,
+                                    ggml_tensor * greedy, ggml_tensor ** prob) {
+    const int64_t Vd = logits->ne[0], n = logits->ne[1];
+    ggml_tensor * probs = ggml_soft_max(ctx, ggml_mul(ctx, logits, inv_temp));            // [Vd, n]
+    ggml_tensor * cum = ggml_cumsum(ctx, probs);
+    ggml_tensor * total = ggml_cont(ctx, ggml_view_2d(ctx, cum, 1, n, cum->nb[1], (Vd - 1) * ggml_element_size(cum)));
+    ggml_tensor * draw = ggml_mul(ctx, u, total);                                           // [1, n]
+    ggml_tensor * drawn = ggml_sum_rows(ctx, ggml_step(ctx, ggml_neg(ctx, ggml_sub(ctx, cum, draw))));  // candidates before it
+    ggml_tensor * index = ggml_reshape_2d(ctx, ggml_arange(ctx, 0.0f, (float) Vd, 1.0f), 1, Vd);
+    ggml_tensor * best = ggml_get_rows(ctx, index, ggml_argmax(ctx, logits));              // [1, n] as a number
+    ggml_tensor * pick = ggml_add(ctx, drawn, ggml_mul(ctx, greedy, ggml_sub(ctx, best, drawn)));
+    ggml_tensor * ids = ggml_reshape_1d(ctx, ggml_cast(ctx, pick, GGML_TYPE_I32), n);
+    *prob = dspark_gather_cols(ctx, probs, ggml_reshape_2d(ctx, ids, 1, n));                // [1, n]
+    ggml_set_output(*prob);
+    return ids;
+}
+
+// The token a slot proposes, argmax or drawn (io.uniform set); u / inv_temp / greedy as above.
+static ggml_tensor * pick_tokens(dflash_block_graph & io, ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u,
+                                 ggml_tensor * inv_temp, ggml_tensor * greedy) {
+    if (!io.uniform) {
+        return ggml_argmax(ctx, logits);
     }
-    ggml_tensor * z = ggml_add(g.ctx, ggml_scale(g.ctx, logits, 1.0f / pick.temperature), noise);
-    return ggml_argmax(g.ctx, z);
+    ggml_tensor * prob = nullptr;
+    ggml_tensor * ids = sample_columns(ctx, logits, u, inv_temp, greedy, &prob);
+    io.prob_out.push_back(prob);
+    return ids;
+}
+
+// ---- sampler filters ----------------------------------------------------------------------------
+
+void dflash_filter_row(float out[3], int top_k, float top_p, float min_p, int n_vocab_draft) {
+    out[0] = (float) ((top_k > 0 && top_k < n_vocab_draft ? top_k : n_vocab_draft) - 1);
+    out[1] = top_p < 1.0f ? top_p : 2.0f;
+    out[2] = min_p > 0.0f ? logf(min_p) : -1e30f;
+}
+
+static ggml_tensor * filter_row(ggml_context * ctx, ggml_tensor * f, int i) {
+    return ggml_cont(ctx, ggml_view_2d(ctx, f, 1, f->ne[1], f->nb[1], i * ggml_element_size(f)));
+}
+
+static ggml_tensor * max_of(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b) {
+    return ggml_add(ctx, a, ggml_relu(ctx, ggml_sub(ctx, b, a)));
+}
+
+// Each column's sampler filters on logits [Vd, n], as the target's chain defines them (top-k, then
+// top-p and min-p on the softmax at temperature 1 of the top-k), applied as one threshold per
+// column: logits below it drop to -1e30. filt [3, n] holds the columns' dflash_filter_row values.
+// A threshold keeps ties with the last kept candidate; q is read from the result, so the host's
+// acceptance test sees exactly what was sampled.
+static ggml_tensor * filter_logits(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * filt) {
+    ggml_tensor * last_k = ggml_cast(ctx, filter_row(ctx, filt, 0), GGML_TYPE_I32);  // [1, n]
+    ggml_tensor * top_p  = filter_row(ctx, filt, 1);
+    ggml_tensor * log_mp = filter_row(ctx, filt, 2);
+    ggml_tensor * sorted = dspark_gather_cols(ctx, logits, ggml_argsort(ctx, logits, GGML_SORT_ORDER_DESC));
+    ggml_tensor * probs  = ggml_soft_max(ctx, sorted);
+    ggml_tensor * cum    = ggml_cumsum(ctx, probs);
+    ggml_tensor * before = ggml_sub(ctx, cum, probs);                       // mass before each candidate
+    ggml_tensor * mass_k = dspark_gather_cols(ctx, cum, last_k);            // [1, n]: the top-k's mass
+    ggml_tensor * keep_p = ggml_step(ctx, ggml_add(ctx, ggml_neg(ctx, before), ggml_mul(ctx, top_p, mass_k)));
+    // the last candidate top-p keeps; clamped, so that NaN logits (a broken file) cannot index out of range
+    ggml_tensor * n_p = ggml_clamp(ctx, ggml_scale_bias(ctx, ggml_sum_rows(ctx, keep_p), 1.0f, -1.0f), 0.0f,
+                                   (float) (logits->ne[0] - 1));
+    ggml_tensor * thr    = dspark_gather_cols(ctx, sorted, last_k);
+    thr = max_of(ctx, thr, dspark_gather_cols(ctx, sorted, ggml_cast(ctx, n_p, GGML_TYPE_I32)));
+    ggml_tensor * top = ggml_cont(ctx, ggml_view_2d(ctx, sorted, 1, sorted->ne[1], sorted->nb[1], 0));
+    thr = max_of(ctx, thr, ggml_add(ctx, top, log_mp));                     // min_p: l >= l_max + log min_p
+    ggml_tensor * drop = ggml_step(ctx, ggml_neg(ctx, ggml_sub(ctx, logits, thr)));  // 1 below the threshold
+    return ggml_add(ctx, logits, ggml_scale(ctx, drop, -1e30f));
 }
 
 // What W2 multiplies for one slot, from e = W1[prev] [R, n_blocks], the slot's final hidden state
@@ -148,7 +215,7 @@ static ggml_tensor * confidence(const dspark_graph & g, const dflash_model & m, 
 // as a strided view of the token input. Returns the biased logits (when asked for) [Vd, P·n_blocks].
 static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m, dflash_block_graph & io,
                                   ggml_tensor * logits, ggml_tensor * hid, ggml_tensor * d2t_i32, int P, int n_blocks,
-                                  int block_len, bool want_logits, const dflash_pick & pick) {
+                                  int block_len, bool want_logits) {
     ggml_context * ctx = g.ctx;
     ggml_tensor * prev = chain_anchors(ctx, io, n_blocks, block_len);
     ggml_tensor * s = chain_state(ctx, m, n_blocks);
@@ -158,12 +225,16 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
         ggml_tensor * h = ggml_cont(ctx, slot_view(ctx, hid, j, P, n_blocks));
         ggml_tensor * bias = g.mm(m.markov_w2, markov_input(g, m, e, h, &s), m.markov_w2_s);  // [Vd, n_blocks]
         ggml_tensor * biased = ggml_add(ctx, slot_view(ctx, logits, j, P, n_blocks), bias);
+        if (io.filter) {
+            biased = filter_logits(ctx, biased, ggml_cont(ctx, slot_view(ctx, io.filter, j, P, n_blocks)));
+        }
         if (m.conf_w) {
             io.conf_out.push_back(confidence(g, m, h, e));
         }
-        ggml_tensor * noise = io.noise ? ggml_view_2d(ctx, io.noise, io.noise->ne[0], n_blocks, io.noise->nb[1],
-                                                      io.noise->nb[2] * j) : nullptr;
-        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(g, biased, noise, pick), d2t_i32);  // [n_blocks]
+        ggml_tensor * u = io.uniform ? ggml_view_2d(ctx, io.uniform, 1, n_blocks, ggml_element_size(io.uniform),
+                                                    io.uniform->nb[1] * j) : nullptr;
+        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(io, ctx, biased, u ? ggml_cont(ctx, u) : nullptr, io.inv_temp,
+                                                           io.greedy), d2t_i32);  // [n_blocks]
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
         prev = tok;
@@ -237,9 +308,12 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
         io.mask_swa = dspark_graph_input(ctx, GGML_TYPE_F16, n_kv, n_tok, "inp_block_mask_swa");
     }
     if (pick.sample) {
-        io.noise = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, hp.n_vocab_draft, n_blocks, P);
-        ggml_set_input(io.noise);
-        ggml_set_name(io.noise, "inp_gumbel");
+        io.uniform  = dspark_graph_input(ctx, GGML_TYPE_F32, n_blocks, P, "inp_draft_uniform");
+        io.inv_temp = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_blocks, "inp_draft_inv_temp");
+        io.greedy   = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_blocks, "inp_draft_greedy");
+        if (pick.filter) {
+            io.filter = dspark_graph_input(ctx, GGML_TYPE_F32, 3, (int64_t) P * n_blocks, "inp_filter");
+        }
     }
 
     ggml_tensor * x = ggml_get_rows(ctx, m.tok_embd, io.tokens);  // [E, n_tok]
@@ -255,16 +329,32 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
     ggml_tensor * hid = g.rms_norm(ggml_reshape_2d(ctx, ggml_cont(ctx, xp), hp.n_embd, (int64_t) P * n_blocks),
                                    m.output_norm, hp.rms_eps);  // [E, P·n_blocks]
     ggml_tensor * logits = g.mm(m.output, hid, m.output_s);       // [Vd, P·n_blocks]
+    if (hp.logit_softcap > 0.0f) {  // on the base logits, before the Markov bias (DeepSpec's order)
+        logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, 1.0f / hp.logit_softcap)), hp.logit_softcap);
+    }
 
     const int top_k = std::min<int>(pick.markov_top_k, hp.n_vocab_draft);
     if (markov && top_k > 0 && !pick.sample && !want_logits) {
         markov_chain_top_k(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, top_k);
     } else if (markov) {
-        logits = markov_chain(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits, pick);
+        logits = markov_chain(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits);
     } else {
-        ggml_tensor * noise = io.noise ? ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_permute(ctx, io.noise, 0, 2, 1, 3)),
-                                                         hp.n_vocab_draft, (int64_t) P * n_blocks) : nullptr;
-        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(g, logits, noise, pick), d2t_i32);  // [P·n_blocks]
+        if (io.filter) {
+            logits = filter_logits(ctx, logits, io.filter);
+        }
+        // columns are block-major (b·P + j): the draws transposed to match, the per-block values repeated
+        ggml_tensor * u = nullptr, * inv_temp = nullptr, * greedy = nullptr;
+        if (io.uniform) {
+            const int64_t n = (int64_t) P * n_blocks;
+            u = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_transpose(ctx, io.uniform)), 1, n);
+            auto per_slot = [&](ggml_tensor * t) {
+                ggml_tensor * shape = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, P, n_blocks);
+                return ggml_reshape_2d(ctx, ggml_repeat(ctx, ggml_reshape_3d(ctx, t, 1, 1, n_blocks), shape), 1, n);
+            };
+            inv_temp = per_slot(io.inv_temp);
+            greedy = per_slot(io.greedy);
+        }
+        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(io, ctx, logits, u, inv_temp, greedy), d2t_i32);  // [P·n_blocks]
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
     }
@@ -272,6 +362,9 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
         g.expand(t);
     }
     for (ggml_tensor * t : io.conf_out) {
+        g.expand(t);
+    }
+    for (ggml_tensor * t : io.prob_out) {
         g.expand(t);
     }
     if (want_logits) {

@@ -1,5 +1,7 @@
 #include "models/dflash.h"
 
+#include <cmath>
+
 #include "dspark-impl.h"
 #include "models/target.h"
 
@@ -59,9 +61,9 @@ static void load_hparams(dflash_hparams & hp, const dspark_gguf & f) {
             f.fail(DSPARK_STATUS_BAD_FORMAT, "sliding_window_pattern must have one entry per draft layer");
         }
     }
-    const float softcap = (float) f.get_float(a + ".final_logit_softcapping", 0.0);
-    if (softcap != 0.0f) {
-        f.fail(DSPARK_STATUS_UNSUPPORTED, "final_logit_softcapping on a draft is not supported");
+    hp.logit_softcap = (float) f.get_float(a + ".final_logit_softcapping", 0.0);
+    if (!std::isfinite(hp.logit_softcap) || hp.logit_softcap < 0.0f) {
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "dflash.final_logit_softcapping must be finite and non-negative");
     }
 }
 
@@ -124,11 +126,14 @@ static void load_embeddings_and_head(dflash_model & m, dspark_weights & w, const
     const int64_t E = hp.n_embd, V = hp.n_vocab;
     hp.n_vocab_draft = d2t ? (int) d2t->ne[0] : hp.n_vocab;
     const int64_t Vd = hp.n_vocab_draft;
+    if (V < 1 || V > INT32_MAX || Vd < 1) {
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "the vocabulary (token_embd.weight rows, d2t length) must not be empty");
+    }
     if (d2t) {
         if (d2t->type != GGML_TYPE_I64 || ggml_n_dims(d2t) != 1) {
             f.fail(DSPARK_STATUS_BAD_FORMAT, "tensor 'd2t' must be a 1-D I64 tensor of absolute target ids");
         }
-        m.d2t = w.req("d2t", {Vd});
+        m.d2t = w.req("d2t", {Vd}, GGML_TYPE_I64);
         if (!own_head) {
             f.fail(DSPARK_STATUS_BAD_FORMAT, "a reduced-vocab draft (d2t) needs its own lm head 'output.weight' {E, Vd}; "
                                              "the target's head has the wrong rows");
@@ -158,6 +163,9 @@ static void load_heads(dflash_model & m, dspark_weights & w) {
         return;  // DFlash: no Markov head
     }
     const int64_t R = w1->ne[0];
+    if (R < 1 || R > (1 << 20)) {
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "markov_w1.weight has rank " + std::to_string(R) + ": must be 1 .. 1048576");
+    }
     hp.markov_rank = (int) R;
     m.markov_w1   = w.req("markov_w1.weight", {R, V});
     m.markov_w2   = w.req("markov_w2.weight", {R, Vd});

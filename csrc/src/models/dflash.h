@@ -35,6 +35,7 @@ struct dflash_hparams : dspark_backbone {
     float attn_scale = 0.0f;          // 0: 1/sqrt(D)
     float value_scale = 0.0f;         // 0: off
     float embedding_scale = 0.0f;     // 0: off
+    float logit_softcap = 0.0f;       // > 0: base logits = c · tanh(logits / c) (Gemma-4 drafts)
     bool  gelu = false;
     int   n_swa = 0;
     std::vector<bool> swa_layers;

@@ -13,20 +13,63 @@ struct target_graph {
     ggml_tensor * pos     = nullptr;  // I32 [T]
     ggml_tensor * kv_idx  = nullptr;  // I64 [T]  cache cell of each token
     ggml_tensor * mask    = nullptr;  // F16 [n_kv, T]
+    ggml_tensor * mask_swa = nullptr; // F16 [n_kv, T], the sliding layers' mask (null without them)
     ggml_tensor * out_ids = nullptr;  // I32 [n_outputs], null when every token is an output
     // outputs
     ggml_tensor * logits   = nullptr; // [V, n_outputs]
     ggml_tensor * captured = nullptr; // [len(capture)·E, T]: residual stream entering each layer id
     // in-graph sampling (backend sampling)
     ggml_tensor * uniforms = nullptr;        // F32 [1, n_outputs]
+    ggml_tensor * probe    = nullptr;        // F32 [1, n_outputs] token ids as numbers, when a group probes
     std::vector<ggml_tensor *> sampled;      // I32 per sampling group, in output-row order
+    std::vector<ggml_tensor *> probed;       // F32 [1, count] per probing group (null for the others)
 };
 
 // Output rows [begin, begin+count) sampled in-graph with one set of parameters.
 struct target_sampling_group {
     int begin = 0, count = 0;
     dspark_sampler_params params;
+    bool probe = false;  // also the chain's probability of each row's probe token (rejection sampling)
+
+    bool operator==(const target_sampling_group & o) const {
+        return begin == o.begin && count == o.count && probe == o.probe && params.temperature == o.params.temperature &&
+               params.top_k == o.params.top_k && params.top_p == o.params.top_p && params.min_p == o.params.min_p;
+    }
 };
+
+// What a target graph is built for: a graph built for one key runs every batch of that key (only
+// its inputs change), so consecutive decode steps and verify batches of one size reuse it.
+struct target_graph_key {
+    int n_tokens = 0, n_outputs = 0, n_kv = 0;
+    std::vector<int32_t> capture;
+    std::vector<target_sampling_group> sampling;
+
+    bool operator==(const target_graph_key & o) const {
+        return n_tokens == o.n_tokens && n_outputs == o.n_outputs && n_kv == o.n_kv && capture == o.capture &&
+               sampling == o.sampling;
+    }
+};
+
+// The pieces of one layer's graph, shared by the architectures' layer builders.
+struct target_layer_io {
+    const dspark_graph & g;
+    const target_model & m;
+    const dspark_kv_cache & kv;
+    const target_graph & io;
+    int  n_kv;
+    bool flash;
+};
+
+// Self-attention of layer il on the normed input h [E, T] (projections, optional q/k norms, rope,
+// cache write unless the layer shares another's KV, attention, output projection).
+ggml_tensor * dspark_target_attention(const target_layer_io & c, int il, ggml_tensor * h);
+// The layer's FFN on h [E, T]: dense SwiGLU/GELU, experts, or both (qwen-style shared expert).
+ggml_tensor * dspark_target_moe(const target_layer_io & c, int il, ggml_tensor * h, ggml_tensor * router_in, bool gelu);
+
+// models/gemma4-graph.cpp: the per-layer embedding inputs [P, T, L] of tokens whose scaled
+// embeddings are x [E, T]; one Gemma-4 decoder layer.
+ggml_tensor * dspark_gemma4_per_layer_inputs(const dspark_graph & g, const target_model & m, ggml_tensor * tokens, ggml_tensor * x);
+ggml_tensor * dspark_gemma4_layer(const target_layer_io & c, int il, ggml_tensor * x, ggml_tensor * per_layer_inp);
 
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,

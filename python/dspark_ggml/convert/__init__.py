@@ -1,4 +1,5 @@
-"""Hugging Face → GGUF conversion of targets (Qwen3, Qwen2, Llama) and DFlash/DSpark drafts.
+"""Hugging Face → GGUF conversion of targets (Qwen3, Qwen2, Llama, Qwen3-MoE, Gemma-4) and
+DFlash/DSpark drafts.
 
     from dspark_ggml.convert import convert
     convert("Qwen3-8B", "qwen3-8b-f16.gguf")
@@ -23,13 +24,16 @@ from .backbone import read_backbone
 from .draft_plan import Target, plan_draft
 from .drafts import is_draft_config, read_draft
 from .errors import ConversionError
+from .gemma4 import read_gemma4
+from .gemma4_target import TEXT_PREFIX, text_config
 from .hf_config import Config
 from .metadata import KeyValues
 from .options import Overrides
 from .plan import ModelPlan
 from .quant import OutType, resolve_outtype
 from .safetensors_io import Checkpoint
-from .targets import FAMILIES, plan_target, target_family
+from .targets import FAMILIES, TargetFamily, plan_target, target_family
+from .tokenizer_gemma4 import write_gemma4_tokenizer_kv
 from .tokenizer_meta import write_tokenizer_kv
 from .writer import check_destination, write_gguf
 
@@ -64,11 +68,15 @@ def _finish(plan: ModelPlan, name: str, out: OutType, tokenizer_kv: KeyValues) -
     return plan
 
 
-def _tokenizer_kv(arch: str, tokenizer_dir: Path, family_llama: bool, vocab_size: int,
+def _tokenizer_kv(arch: str, tokenizer_dir: Path, family: TargetFamily, vocab_size: int,
                   ov: Overrides) -> KeyValues:
+    """The tokenizer keys of the target family (a draft carries its target's)."""
     kv = KeyValues(arch)
-    write_tokenizer_kv(tokenizer_dir, vocab_size, kv, add_space_prefix_key=family_llama,
-                       pre_override=ov.tokenizer_pre)
+    if family.kind == "gemma4":
+        write_gemma4_tokenizer_kv(tokenizer_dir, vocab_size, kv)
+    else:
+        write_tokenizer_kv(tokenizer_dir, vocab_size, kv, add_space_prefix_key=family.llama_layout,
+                           pre_override=ov.tokenizer_pre)
     return kv
 
 
@@ -76,12 +84,12 @@ def _target_plan(hf_dir: Path, cfg: Config, outtype: str, ov: Overrides) -> Mode
     family = target_family(cfg)
     ckpt = Checkpoint(hf_dir)
     out = resolve_outtype(outtype, ckpt)
-    plan, bb = plan_target(ckpt, cfg, family, out)
-    tok = _tokenizer_kv(plan.arch, hf_dir, family.llama_layout, bb.vocab_size, ov)
+    plan, vocab_size = plan_target(ckpt, cfg, family, out)
+    tok = _tokenizer_kv(plan.arch, hf_dir, family, vocab_size, ov)
     return _finish(plan, hf_dir.resolve().name, out, tok)
 
 
-def _load_target(target_dir: Optional[PathLike]) -> tuple[Target, bool]:
+def _load_target(target_dir: Optional[PathLike]) -> tuple[Target, TargetFamily]:
     if target_dir is None:
         raise ConversionError("a draft needs --target-model-dir: the tokenizer, vocabulary and "
                               "embeddings are the target's")
@@ -91,7 +99,15 @@ def _load_target(target_dir: Optional[PathLike]) -> tuple[Target, bool]:
     if family is None:
         raise ConversionError(f"{cfg.where}: target architecture {cfg.architecture()!r} is not "
                               f"supported (supported: {', '.join(FAMILIES)})")
-    return Target(target_dir, read_backbone(cfg), Checkpoint(target_dir)), family.llama_layout
+    ckpt = Checkpoint(target_dir)
+    if family.kind == "gemma4":
+        g = read_gemma4(text_config(cfg))
+        target = Target(target_dir, g.n_layer, g.n_embd, g.vocab_size, ckpt,
+                        TEXT_PREFIX[cfg.architecture()])
+    else:
+        bb = read_backbone(cfg)
+        target = Target(target_dir, bb.n_layer, bb.n_embd, bb.vocab_size, ckpt)
+    return target, family
 
 
 def _draft_plan(hf_dir: Path, cfg: Config, outtype: str, target_dir: Optional[PathLike],
@@ -100,11 +116,11 @@ def _draft_plan(hf_dir: Path, cfg: Config, outtype: str, target_dir: Optional[Pa
         raise ConversionError(f"{hf_dir}: drafts with a separate mask_embedding.pt are not "
                               "supported")
     spec = read_draft(cfg, ov)
-    target, target_is_llama = _load_target(target_dir)
+    target, family = _load_target(target_dir)
     ckpt = Checkpoint(hf_dir)
     out = resolve_outtype(outtype, ckpt)
     plan = plan_draft(spec, ckpt, target, out)
-    tok = _tokenizer_kv(plan.arch, target.model_dir, target_is_llama, target.backbone.vocab_size, ov)
+    tok = _tokenizer_kv(plan.arch, target.model_dir, family, target.vocab_size, ov)
     # the draft's own mask token wins over any mask token the target tokenizer names
     tok.u32(K.MASK_TOKEN_ID, spec.mask_token_id, replace=True)
     return _finish(plan, hf_dir.resolve().name, out, tok)
@@ -140,6 +156,10 @@ def convert(hf_dir: PathLike, outfile: PathLike, *, outtype: str = "f16",
     `dflash.sample_from_anchor` and `dflash.has_confidence_head`, DSpark drafts also
     `dflash.markov_head_type`; gated/rnn Markov heads convert (`markov_gate.*`, `markov_joint.*`);
     a draft embedding equal to the target's is dropped; anything ambiguous is refused.
+    Gemma-4: drafts with Gemma-4 layers also convert from the speculators format (llama.cpp's
+    converter reads those layers as Qwen3's and fails) and keep a stated
+    `final_logit_softcapping` (llama.cpp refuses it); a target without a stated global head
+    size, or whose tokenizer and vocab_size disagree, is refused rather than guessed.
     """
     out_path = Path(outfile)
     check_destination(out_path, force)

@@ -9,6 +9,10 @@ Decisions made here, each checked against the tensors rather than trusted from t
   replaced by the target's. If the embedding is kept but the head is not in the file, the
   runtime would tie the head to the draft's embedding, so the right head is written explicitly.
 * `d2t` offsets become absolute target ids (I64); `t2d` is only used to cross-check them.
+* Gemma-4 draft layers (for Gemma-4 targets) keep their sandwich norms and layer scalar
+  (`post_attention_norm`, `post_ffw_norm`, `layer_output_scale`), have no V projection (V comes
+  from K), and add the keys of their arithmetic: embeddings scaled by sqrt(hidden_size), QK scale
+  1, GELU, the global layers' head size and proportional rope (`rope_freqs.weight`).
 """
 from __future__ import annotations
 
@@ -20,9 +24,11 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from . import gguf_keys as K
-from .backbone import Backbone, read_backbone, write_backbone_kv
+from .backbone import Backbone, RopeScaling, read_backbone, write_backbone_kv
 from .drafts import DraftSpec, resolve_target_layers
 from .errors import ConversionError
+from .gemma4 import ACTIVATION, Gemma4Text, read_gemma4, rope_freqs
+from .gemma4_tensors import layer_table
 from .metadata import KeyValues
 from .plan import ArrayTensor, ModelPlan, PlannedTensor, StoredTensor
 from .quant import OutType, tensor_type
@@ -54,12 +60,15 @@ _TRAINING_ONLY = {"t2d", "verifier_lm_head.weight", "verifier_norm.weight"}
 @dataclass(frozen=True)
 class Target:
     model_dir: Path
-    backbone: Backbone
+    n_layer: int
+    n_embd: int
+    vocab_size: int
     ckpt: Checkpoint
+    prefix: str = "model."  # where the language model's tensors live
 
     @property
     def embed(self) -> TensorRef:
-        return self.ckpt["model.embed_tokens.weight"]
+        return self.ckpt[self.prefix + "embed_tokens.weight"]
 
     @property
     def head(self) -> TensorRef:
@@ -96,12 +105,9 @@ def _canonical_names(spec: DraftSpec, ckpt: Checkpoint) -> dict[str, TensorRef]:
 
 def _check_backbone(spec: DraftSpec, bb: Backbone, target: Target) -> None:
     where = spec.backbone.where
-    model_type = spec.backbone.str("model_type", None)
-    if model_type not in (None, "qwen3"):
-        raise ConversionError(f"{where}: only Qwen3 draft backbones are supported, not {model_type!r}")
     if bb.rope.kind == "llama3":
         raise ConversionError(f"{where}: llama3 rope scaling cannot be expressed for a dflash draft")
-    t = target.backbone
+    t = target
     if bb.n_embd != t.n_embd:
         raise ConversionError(f"{where}: draft hidden_size {bb.n_embd} differs from the target's "
                               f"{t.n_embd}; the runtime needs them equal")
@@ -124,20 +130,30 @@ def _expect_shape(ref: Optional[TensorRef], shape: tuple[int, ...], why: str) ->
         raise ConversionError(f"{ref.describe()}: expected shape {list(shape)} ({why})")
 
 
-def _check_layers(names: dict[str, TensorRef], bb: Backbone) -> None:
-    shapes = layer_tensor_shapes(bb, qk_norm=True)
-    seen = set()
+LayerTable = dict[str, tuple[str, tuple[int, ...]]]  # HF name -> (GGUF name, shape)
+
+
+def _layer_table(bb: Backbone, gemma: Optional[Gemma4Text]) -> LayerTable:
+    """Every tensor the draft's decoder layers must have."""
+    if gemma is not None:
+        return {k: (e.gguf_name, e.shape) for k, e in layer_table(gemma).items() if e.required}
+    table = {}
+    for i in range(bb.n_layer):
+        for part, shape in layer_tensor_shapes(bb, qk_norm=True).items():
+            table[f"layers.{i}.{part}"] = (layer_tensor_name(f"layers.{i}.{part}")[2], shape)
+    return table
+
+
+def _check_layers(names: dict[str, TensorRef], table: LayerTable, spec: DraftSpec,
+                  n_layer: int) -> None:
     for name, ref in names.items():
-        layer = layer_tensor_name(name)
-        if layer is None:
+        if not name.startswith("layers."):
             continue
-        index, part, _ = layer
-        if index >= bb.n_layer or part not in shapes:
-            raise ConversionError(f"{ref.describe()}: unexpected tensor for a {bb.n_layer}-layer "
-                                  "Qwen3 draft")
-        _expect_shape(ref, shapes[part], "from the draft config")
-        seen.add((index, part))
-    missing = [f"layers.{i}.{p}" for i in range(bb.n_layer) for p in shapes if (i, p) not in seen]
+        if name not in table:
+            raise ConversionError(f"{ref.describe()}: unexpected tensor for a {n_layer}-layer "
+                                  f"{spec.backbone_kind} draft")
+        _expect_shape(ref, table[name][1], "from the draft config")
+    missing = [name for name in table if name not in names]
     if missing:
         raise ConversionError(f"the draft checkpoint lacks {len(missing)} layer tensor(s), "
                               f"e.g. {missing[:3]}")
@@ -296,10 +312,29 @@ def _sharing(names: dict[str, TensorRef], spec: DraftSpec, target: Target,
 # assembly
 
 
-def _draft_kv(spec: DraftSpec, bb: Backbone, target_layers: list[int],
+def _gemma4_backbone(g: Gemma4Text) -> Backbone:
+    """The generic decoder keys of a Gemma-4 draft: every layer is a global layer."""
+    return Backbone(n_layer=g.n_layer, n_ctx=g.n_ctx, n_embd=g.n_embd, n_ff=g.n_ff,
+                    n_head=g.n_head, n_head_kv=g.kv_heads(0), explicit_head_dim=g.head_dim_full,
+                    rms_eps=g.rms_eps, rope_theta=g.rope_theta_full, rope=RopeScaling("none"),
+                    partial_rotary_factor=None, vocab_size=g.vocab_size, tie_word_embeddings=False,
+                    is_causal=None)
+
+
+def _gemma4_kv(g: Gemma4Text, kv: KeyValues) -> None:
+    """How a Gemma-4 layer computes, beyond the generic keys."""
+    kv.u32(K.ROPE_DIMENSION_COUNT, g.head_dim_full)  # rope_freqs keeps unrotated pairs in place
+    kv.f32(K.EMBEDDING_SCALE, g.n_embd ** 0.5)
+    kv.f32(K.ATTENTION_SCALE, 1.0)  # q_norm / k_norm take the place of 1/sqrt(head_dim)
+    kv.string(K.HIDDEN_ACTIVATION, ACTIVATION)
+
+
+def _draft_kv(spec: DraftSpec, bb: Backbone, gemma: Optional[Gemma4Text], target_layers: list[int],
               markov: Optional[Markov], has_confidence: bool) -> KeyValues:
     kv = KeyValues(ARCH)
     write_backbone_kv(bb, kv)
+    if gemma is not None:
+        _gemma4_kv(gemma, kv)
     if bb.partial_rotary_factor is not None:
         kv.u32(K.ROPE_DIMENSION_COUNT, int(bb.head_dim * bb.partial_rotary_factor))
     for key, value in spec.scalars.items():
@@ -318,8 +353,9 @@ def _draft_kv(spec: DraftSpec, bb: Backbone, target_layers: list[int],
     return kv
 
 
-def _plan_tensors(plan: ModelPlan, names: dict[str, TensorRef], sharing: _Sharing,
-                  target: Target, d2t: Optional[np.ndarray], out: OutType) -> None:
+def _plan_tensors(plan: ModelPlan, names: dict[str, TensorRef], layers: LayerTable,
+                  sharing: _Sharing, target: Target, d2t: Optional[np.ndarray],
+                  out: OutType) -> None:
     for name, ref in names.items():
         if name in _TRAINING_ONLY:
             plan.notes.append(f"{ref.name}: training-only, not written")
@@ -330,8 +366,7 @@ def _plan_tensors(plan: ModelPlan, names: dict[str, TensorRef], sharing: _Sharin
             continue
         if name == "lm_head.weight" and not sharing.keep_head:
             continue
-        layer = layer_tensor_name(name)
-        gguf_name = layer[2] if layer else _GLOBAL_NAMES.get(name)
+        gguf_name = layers[name][0] if name in layers else _GLOBAL_NAMES.get(name)
         if gguf_name is None:
             raise ConversionError(f"{ref.describe()}: unexpected tensor in a DFlash/DSpark draft")
         if ref.dtype not in FLOAT_DTYPES:
@@ -346,15 +381,17 @@ def _plan_tensors(plan: ModelPlan, names: dict[str, TensorRef], sharing: _Sharin
 
 
 def plan_draft(spec: DraftSpec, ckpt: Checkpoint, target: Target, out: OutType) -> ModelPlan:
-    bb = read_backbone(spec.backbone)
+    gemma = read_gemma4(spec.backbone) if spec.backbone_kind == "gemma4" else None
+    bb = _gemma4_backbone(gemma) if gemma is not None else read_backbone(spec.backbone)
     _check_backbone(spec, bb, target)
-    target_layers = resolve_target_layers(spec, target.backbone.n_layer)
+    target_layers = resolve_target_layers(spec, target.n_layer)
     names = _canonical_names(spec, ckpt)
-    _check_layers(names, bb)
+    layers = _layer_table(bb, gemma)
+    _check_layers(names, layers, spec, bb.n_layer)
     for required in ("fc.weight", "hidden_norm.weight", "norm.weight"):
         if required not in names:
             raise ConversionError(f"the draft checkpoint has no {required}")
-    _expect_shape(names["fc.weight"], (bb.n_embd, len(target_layers) * target.backbone.n_embd),
+    _expect_shape(names["fc.weight"], (bb.n_embd, len(target_layers) * target.n_embd),
                   f"{len(target_layers)} target layers x the target's hidden size")
     _expect_shape(names["hidden_norm.weight"], (bb.n_embd,), "hidden size")
     _expect_shape(names["norm.weight"], (bb.n_embd,), "hidden size")
@@ -366,7 +403,10 @@ def plan_draft(spec: DraftSpec, ckpt: Checkpoint, target: Target, out: OutType) 
     has_confidence = _confidence_head(names, spec, bb, markov)
     sharing = _sharing(names, spec, target, own_vocab_head=d2t is not None)
 
-    plan = ModelPlan(ARCH, _draft_kv(spec, bb, target_layers, markov, has_confidence))
-    _plan_tensors(plan, names, sharing, target, d2t, out)
+    plan = ModelPlan(ARCH, _draft_kv(spec, bb, gemma, target_layers, markov, has_confidence))
+    freqs = rope_freqs(gemma) if gemma is not None else None
+    if freqs is not None:
+        plan.add(PlannedTensor("rope_freqs.weight", ArrayTensor(freqs), GGMLQuantizationType.F32))
+    _plan_tensors(plan, names, layers, sharing, target, d2t, out)
     plan.notes.extend(spec.notes)
     return plan

@@ -2,14 +2,17 @@
 
 Four formats exist in the wild (docs/reference/external-formats.md §1):
 
-* deepspec    DeepSpec dense `Qwen3DSparkModel`: flat config (`target_layer_ids`, `block_size`,
-              `mask_token_id`, `markov_*`); carries copies of the target embedding and lm head;
-              anchor-first block.
+* deepspec    DeepSpec dense `Qwen3DSparkModel` / `Gemma4DSparkModel`: flat config
+              (`target_layer_ids`, `block_size`, `mask_token_id`, `markov_*`); carries copies of
+              the target embedding and lm head; anchor-first block.
 * speculators vLLM speculators (`transformer_layer_config` nested, `aux_hidden_state_layer_ids`,
               `sample_from_anchor`, optional reduced draft vocab with `d2t`/`t2d`).
 * specforge   SpecForge (`DSparkDraftModel` with a nested `dflash_config`); no embedding or head;
               states no block layout.
 * zlab        z-lab DFlash (`DFlashDraftModel`): backbone only; anchor + N masks block.
+
+The draft layers are Qwen3 layers, or Gemma-4 layers (`model_type` gemma4_text, in DeepSpec's
+`Gemma4DSparkModel` or a speculators `transformer_layer_config`) for Gemma-4 targets.
 
 `read_draft` turns any of them into one `DraftSpec`. Nothing ambiguous is guessed: a missing
 or contradictory fact is an error naming the override flag that settles it.
@@ -22,6 +25,10 @@ from typing import Any, Callable, Optional
 from .errors import ConversionError
 from .hf_config import Config
 from .options import Overrides
+
+# draft layer model_type -> backbone kind
+BACKBONE_KINDS = {"qwen3": "qwen3", "gemma4_text": "gemma4", "gemma4": "gemma4"}
+GEMMA4_DRAFT = "Gemma4DSparkModel"
 
 # how each id-list field numbers target layers (see Overrides.target_layer_convention)
 _LAYER_ID_FIELDS = {"target_layer_ids": "layer-output", "aux_hidden_state_layer_ids": "layer-input"}
@@ -39,7 +46,8 @@ class DraftSpec:
     """Everything the GGUF writer needs to know about a draft, independent of its format."""
 
     source_format: str
-    backbone: Config  # Qwen3 hyperparameters of the draft layers
+    backbone: Config  # hyperparameters of the draft layers
+    backbone_kind: str  # "qwen3" or "gemma4"
     block_size: int
     layer_ids: list[LayerIds]  # as found; resolved against the target later
     layer_convention_override: Optional[str]
@@ -75,17 +83,22 @@ def detect_format(cfg: Config, override: Optional[str]) -> str:
         return "zlab"
     if arch == "DSparkDraftModel" and has_dflash_config:
         return "specforge"
+    if arch == GEMMA4_DRAFT:
+        return "deepspec"
     if arch == "Qwen3DSparkModel":
         # SpecForge's "flat" re-export also says Qwen3DSparkModel but keeps its dflash_config
         return "specforge" if has_dflash_config else "deepspec"
     raise ConversionError(f"{cfg.where}: architecture {arch!r} is neither a supported target "
-                          "(Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM) nor a known "
-                          "DFlash/DSpark draft format; if it is a draft, pass --draft-format")
+                          "(Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM, "
+                          "Qwen3MoeForCausalLM, Gemma4ForCausalLM, "
+                          "Gemma4ForConditionalGeneration) nor a known DFlash/DSpark draft "
+                          "format; if it is a draft, pass --draft-format")
 
 
 def is_draft_config(cfg: Config) -> bool:
     return ("transformer_layer_config" in cfg.data or "speculators_model_type" in cfg.data
-            or cfg.architecture() in ("DFlashDraftModel", "DSparkDraftModel", "Qwen3DSparkModel"))
+            or cfg.architecture() in ("DFlashDraftModel", "DSparkDraftModel", "Qwen3DSparkModel",
+                                      GEMMA4_DRAFT))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -148,8 +161,11 @@ def _common(cfg: Config, places: list[Config], ov: Overrides, fmt: str, backbone
     if not anchor and block_size < 2:
         raise ConversionError(f"{cfg.where}: block_size {block_size} leaves no draft slot in the "
                               "anchor + masks layout")
+    kind = backbone_kind(backbone)
+    if kind == "gemma4":
+        _refuse_gemma4_layers(backbone, places)
     return DraftSpec(
-        source_format=fmt, backbone=backbone, block_size=block_size,
+        source_format=fmt, backbone=backbone, backbone_kind=kind, block_size=block_size,
         layer_ids=_layer_ids(places), layer_convention_override=ov.target_layer_convention,
         mask_token_id=mask, sample_from_anchor=anchor,
         draft_vocab_size=_agreed("draft_vocab_size", places, lambda c, k: c.int(k, None, minimum=1)),
@@ -162,6 +178,37 @@ def _common(cfg: Config, places: list[Config], ov: Overrides, fmt: str, backbone
         target_hidden_size=_agreed("target_hidden_size", places, lambda c, k: c.int(k, None)),
         causal=None, sliding_window=None, sliding_layers=None, notes=notes,
     )
+
+
+def backbone_kind(backbone: Config) -> str:
+    model_type = backbone.str("model_type", None) or "qwen3"
+    if model_type not in BACKBONE_KINDS:
+        raise ConversionError(f"{backbone.where}: draft layers of model_type {model_type!r} are "
+                              f"not supported (supported: {', '.join(BACKBONE_KINDS)})")
+    return BACKBONE_KINDS[model_type]
+
+
+def _refuse_gemma4_layers(backbone: Config, places: list[Config]) -> None:
+    """What the dflash graph cannot run of a Gemma-4 layer: it has one head size, K = V as the
+    only Gemma-style value path, a plain MLP, and no per-layer inputs or KV sharing."""
+    where = backbone.where
+    types = backbone.str_list("layer_types", None)
+    if types is not None and set(types) != {"full_attention"}:
+        raise ConversionError(f"{where}: field 'layer_types' must be all 'full_attention' for a "
+                              "Gemma-4 draft (sliding layers have another head size; use "
+                              "dflash_config.use_swa for a windowed draft)")
+    if not backbone.bool("attention_k_eq_v", False):
+        raise ConversionError(f"{where}: field 'attention_k_eq_v' must be true for a Gemma-4 "
+                              "draft (the draft graph derives V from the K projection)")
+    refused = (("enable_moe_block", False), ("num_kv_shared_layers", 0),
+               ("hidden_size_per_layer_input", 0), ("attention_bias", False))
+    for key, plain in refused:
+        if backbone.data.get(key) not in (None, plain):
+            raise ConversionError(f"{where}: field {key!r} = {backbone.data[key]!r} is not "
+                                  "supported for a Gemma-4 draft")
+    if _agreed("input_embedding_scale", places, lambda c, k: c.float(k, None)) is not None:
+        raise ConversionError(f"{where}: field 'input_embedding_scale': a Gemma-4 draft scales "
+                              "its embeddings by sqrt(hidden_size) already")
 
 
 def _layer_types(backbone: Config) -> list[str]:
@@ -243,6 +290,8 @@ def _refuse_unsupported(places: list[Config]) -> None:
 def _read_deepspec(cfg: Config, ov: Overrides) -> DraftSpec:
     places = [cfg]
     spec = _common(cfg, places, ov, "deepspec", cfg, True, "DeepSpec drafts are anchor-first")
+    if spec.backbone_kind == "gemma4":
+        spec.renames = {"confidence_proj.": "confidence_head.proj."}
     _sliding_layout(spec, cfg, None)
     _causal_flag(spec, places)
     return spec
@@ -252,9 +301,9 @@ def _read_speculators(cfg: Config, ov: Overrides) -> DraftSpec:
     layer = cfg.sub("transformer_layer_config")
     if layer is None:
         raise ConversionError(f"{cfg.where}: speculators config without transformer_layer_config")
-    if layer.str("model_type") != "qwen3":
-        raise ConversionError(f"{layer.where}: only qwen3 draft layers are supported, "
-                              f"not {layer.str('model_type')!r}")
+    if layer.str("model_type") not in BACKBONE_KINDS:
+        raise ConversionError(f"{layer.where}: only {', '.join(BACKBONE_KINDS)} draft layers are "
+                              f"supported, not {layer.str('model_type')!r}")
     kind = cfg.str("speculators_model_type", None)
     if kind not in (None, "dspark", "dflash"):
         raise ConversionError(f"{cfg.where}: speculators_model_type {kind!r} is not a DFlash/DSpark draft")

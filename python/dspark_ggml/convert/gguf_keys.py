@@ -41,6 +41,22 @@ ROPE_YARN_BETA_SLOW = "{arch}.rope.scaling.yarn_beta_slow"
 LOGIT_SCALE = "{arch}.logit_scale"
 FINAL_LOGIT_SOFTCAPPING = "{arch}.final_logit_softcapping"
 EMBEDDING_SCALE = "{arch}.embedding_scale"
+HIDDEN_ACTIVATION = "{arch}.hidden_activation"
+ATTENTION_SCALE = "{arch}.attention.scale"
+
+# interleaved sliding-window models (Gemma-4): the *_SWA keys describe the sliding layers
+KEY_LENGTH_SWA = "{arch}.attention.key_length_swa"
+VALUE_LENGTH_SWA = "{arch}.attention.value_length_swa"
+ROPE_FREQ_BASE_SWA = "{arch}.rope.freq_base_swa"
+ROPE_DIMENSION_COUNT_SWA = "{arch}.rope.dimension_count_swa"
+SHARED_KV_LAYERS = "{arch}.attention.shared_kv_layers"
+EMBEDDING_LENGTH_PER_LAYER_INPUT = "{arch}.embedding_length_per_layer_input"
+
+# mixture of experts
+EXPERT_COUNT = "{arch}.expert_count"
+EXPERT_USED_COUNT = "{arch}.expert_used_count"
+EXPERT_FEED_FORWARD_LENGTH = "{arch}.expert_feed_forward_length"
+EXPERT_SHARED_FEED_FORWARD_LENGTH = "{arch}.expert_shared_feed_forward_length"
 
 # DFlash / DSpark drafts (llama.cpp)
 BLOCK_SIZE = "{arch}.block_size"
@@ -55,6 +71,7 @@ TOKENIZER_MODEL = "tokenizer.ggml.model"
 TOKENIZER_PRE = "tokenizer.ggml.pre"
 TOKENS = "tokenizer.ggml.tokens"
 TOKEN_TYPES = "tokenizer.ggml.token_type"
+TOKEN_SCORES = "tokenizer.ggml.scores"
 MERGES = "tokenizer.ggml.merges"
 ADD_SPACE_PREFIX = "tokenizer.ggml.add_space_prefix"
 NORMALIZER_LOWERCASE = "tokenizer.ggml.normalizer.lowercase"

@@ -1,13 +1,15 @@
 """Output types: which GGML type each tensor gets, and the encoding of f32 rows into it.
 
-The per-tensor rule is llama.cpp's converter's: 1-D tensors, `*_norm.weight` and anything that
-is not a `.weight` (biases) stay F32; the other matrices take the requested type; q8_0 falls back
-to F16 for a matrix whose rows do not split into 32-element blocks. Encoding uses the `gguf`
+The per-tensor rule is llama.cpp's converter's: 1-D tensors, `*_norm.weight`, MoE routers
+(`ffn_gate_inp*.weight`) and anything that is not a `.weight` (biases, scales) stay F32; the
+other matrices (3-D expert tensors included) take the requested type; q8_0 falls back to F16 for
+a matrix whose rows do not split into 32-element blocks. Encoding uses the `gguf`
 package's quantizers, which are bit-exact with ggml's reference ones.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +20,9 @@ from .errors import ConversionError
 from .safetensors_io import Checkpoint
 
 Q = GGMLQuantizationType
+
+# kept in F32 whatever the outtype (llama.cpp's converter and quantizer agree on these)
+_ALWAYS_F32 = re.compile(r"^blk\.\d+\.ffn_gate_inp(_shexp)?\.weight$")
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,8 @@ def resolve_outtype(name: str, checkpoint: Checkpoint) -> OutType:
 
 def tensor_type(gguf_name: str, shape: tuple[int, ...], out: OutType) -> GGMLQuantizationType:
     """GGML type of one float tensor (`shape` in PyTorch order)."""
-    if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or not gguf_name.endswith(".weight"):
+    if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or not gguf_name.endswith(".weight") \
+            or _ALWAYS_F32.match(gguf_name):
         return Q.F32
     block = GGML_QUANT_SIZES[out.matrix_type][0]
     if shape[-1] % block != 0:

@@ -1,5 +1,7 @@
 """Target models: Qwen3, Qwen2 and Llama decoders, written as llama.cpp's `qwen3`, `qwen2` and
-`llama` architectures (same keys, tensor names, layouts and types as llama.cpp's converter)."""
+`llama` architectures (same keys, tensor names, layouts and types as llama.cpp's converter).
+Qwen3-MoE (`moe.py`) and Gemma-4 (`gemma4_target.py`) have planners of their own; `plan_target`
+dispatches on the family's kind."""
 from __future__ import annotations
 
 import math
@@ -12,8 +14,10 @@ from gguf import GGMLQuantizationType
 from . import gguf_keys as K
 from .backbone import Backbone, read_backbone, write_backbone_kv
 from .errors import ConversionError
+from .gemma4_target import TEXT_PREFIX, plan_gemma4_target
 from .hf_config import Config
 from .metadata import KeyValues
+from .moe import plan_qwen3moe_target
 from .plan import ArrayTensor, HeadPermutedTensor, ModelPlan, PlannedTensor, StoredTensor
 from .quant import OutType, tensor_type
 from .safetensors_io import Checkpoint, TensorRef, tensors_equal
@@ -26,12 +30,17 @@ class TargetFamily:
     qk_norm: bool  # per-head q/k RMSNorm (Qwen3)
     qkv_bias: bool  # q/k/v projection biases always present (Qwen2)
     llama_layout: bool  # q/k rows permuted for llama.cpp's rope, biases from config, extra keys
+    kind: str = "dense"  # "dense" (this file), "moe" (moe.py) or "gemma4" (gemma4_target.py)
 
 
 FAMILIES = {
     "Qwen3ForCausalLM": TargetFamily("qwen3", qk_norm=True, qkv_bias=False, llama_layout=False),
     "Qwen2ForCausalLM": TargetFamily("qwen2", qk_norm=False, qkv_bias=True, llama_layout=False),
     "LlamaForCausalLM": TargetFamily("llama", qk_norm=False, qkv_bias=False, llama_layout=True),
+    "Qwen3MoeForCausalLM": TargetFamily("qwen3moe", qk_norm=True, qkv_bias=False,
+                                        llama_layout=False, kind="moe"),
+    **{arch: TargetFamily("gemma4", qk_norm=True, qkv_bias=False, llama_layout=False,
+                          kind="gemma4") for arch in TEXT_PREFIX},
 }
 
 _GLOBAL_TENSORS = {
@@ -177,8 +186,15 @@ def _check_tied_head(ckpt: Checkpoint, cfg: Config, bb: Backbone) -> None:
 
 
 def plan_target(ckpt: Checkpoint, cfg: Config, family: TargetFamily,
-                out: OutType) -> tuple[ModelPlan, Backbone]:
-    """Hyperparameter keys and tensors of a target model (tokenizer keys are added by the caller)."""
+                out: OutType) -> tuple[ModelPlan, int]:
+    """Hyperparameter keys and tensors of a target model (tokenizer keys are added by the caller),
+    and its vocabulary size."""
+    if family.kind == "gemma4":
+        plan, g = plan_gemma4_target(ckpt, cfg, out)
+        return plan, g.vocab_size
+    if family.kind == "moe":
+        plan, bb = plan_qwen3moe_target(ckpt, cfg, out)
+        return plan, bb.vocab_size
     bb = read_backbone(cfg)
     _check_supported(cfg, family, bb)
     kv = KeyValues(family.gguf_arch)
@@ -188,4 +204,4 @@ def plan_target(ckpt: Checkpoint, cfg: Config, family: TargetFamily,
         kv.u32(K.ROPE_DIMENSION_COUNT, bb.head_dim)
     plan = ModelPlan(family.gguf_arch, kv)
     _plan_tensors(plan, ckpt, cfg, family, bb, out)
-    return plan, bb
+    return plan, bb.vocab_size

@@ -370,6 +370,35 @@ def _normalizer_flags(node: Optional[dict], flags: dict[str, bool]) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def load_sources(model_dir: Path) -> _Sources:
+    """tokenizer.json, tokenizer_config.json and config.json of a model directory."""
+    return _load_sources(Path(model_dir))
+
+
+def special_tokens(src: _Sources, vocab_size: int) -> tuple[_SpecialTokens, dict[str, int]]:
+    """Named special tokens with their add-automatically flags, and their ids by role."""
+    st = _special_tokens(src)
+    return st, _special_token_ids(src, st, vocab_size)
+
+
+def write_special_vocab_kv(src: _Sources, merges: list[str], st: _SpecialTokens,
+                           ids: dict[str, int], kv: KeyValues) -> None:
+    """Merges, special token ids, add-bos/eos/sep flags and chat templates: the keys llama.cpp's
+    SpecialVocab writes whatever the tokenizer model."""
+    if merges:
+        kv.array(K.MERGES, merges, GGUFValueType.STRING)
+    for role, tid in ids.items():
+        kv.u32(K.SPECIAL_TOKEN_ID[role], tid)
+    for role in ("bos", "eos", "sep"):
+        if role in st.add:
+            kv.boolean(K.ADD_SPECIAL_TOKEN[role], st.add[role])
+    _write_chat_template(_chat_template(src), kv, src.model_dir)
+
+
+def merges_of(src: _Sources) -> list[str]:
+    return _merges(src)
+
+
 def write_tokenizer_kv(model_dir: Path, vocab_size: int, kv: KeyValues, *,
                        add_space_prefix_key: bool = False,
                        pre_override: Optional[str] = None) -> dict[str, int]:
@@ -388,14 +417,7 @@ def write_tokenizer_kv(model_dir: Path, vocab_size: int, kv: KeyValues, *,
     kv.string(K.TOKENIZER_PRE, _pre_tokenizer_name(src, pre_override))
     kv.array(K.TOKENS, tokens, GGUFValueType.STRING)
     kv.array(K.TOKEN_TYPES, types, GGUFValueType.INT32)
-    if merges:
-        kv.array(K.MERGES, merges, GGUFValueType.STRING)
-    for role, tid in ids.items():
-        kv.u32(K.SPECIAL_TOKEN_ID[role], tid)
-    for role in ("bos", "eos", "sep"):
-        if role in st.add:
-            kv.boolean(K.ADD_SPECIAL_TOKEN[role], st.add[role])
-    _write_chat_template(_chat_template(src), kv, src.model_dir)
+    write_special_vocab_kv(src, merges, st, ids, kv)
     flags: dict[str, bool] = {}
     _normalizer_flags(src.tokenizer.get("normalizer"), flags)
     if "lowercase" in flags:
