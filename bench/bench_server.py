@@ -1,7 +1,7 @@
 """`dspark-ggml serve` under load: throughput and latency at several concurrencies, with and
 without the draft, on the demo pair; optionally the same load against llama.cpp's llama-server.
 
-    python bench/bench_server.py [--concurrency 1 4 16] [--max-tokens 128] [--threads 2]
+    python bench/bench_server.py [--concurrency 1 4 16] [--max-tokens 128] [--threads N]
                                  [--llama-server PATH] [--json OUT.json]
 
 Each level sends ``--requests`` streamed greedy completions (default: 4 per client, at least 8)
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -99,23 +100,23 @@ class Server:
                 self.proc.kill()
 
 
-def ours(n_slots: int, threads: int, draft: bool) -> Server:
+def ours(n_slots: int, threads: int, draft: bool, extra: list[str]) -> Server:
     port = free_port()
     cmd = [sys.executable, "-m", "dspark_ggml", "serve", "--demo", "--port", str(port), "-np", str(n_slots),
-           "-t", str(threads), "--log-level", "warning", "--queue-size", "256"]
+           "-t", str(threads), "--log-level", "warning", "--queue-size", "256", *extra]
     if not draft:
         cmd += ["--spec-type", "none"]
     return Server("dspark-ggml" + ("+draft" if draft else ""), cmd, port)
 
 
-def llama_server(binary: str, n_slots: int, threads: int, n_ctx_per_slot: int) -> Server:
+def llama_server(binary: str, n_slots: int, threads: int, n_ctx_per_slot: int, extra: list[str]) -> Server:
     from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
 
     port = free_port()
     cmd = [binary, "-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-type", "draft-dspark",
            "--spec-draft-n-max", "8",
            "-np", str(n_slots), "-c", str(n_slots * n_ctx_per_slot), "-t", str(threads), "-tb", str(threads),
-           "-fa", "off", "--port", str(port), "--host", "127.0.0.1", "--no-webui"]
+           "-fa", "off", "--port", str(port), "--host", "127.0.0.1", "--no-webui", *extra]
     return Server("llama-server+draft", cmd, port)
 
 
@@ -201,17 +202,22 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=0,
                     help="requests per level (default: 4 per client, at least 8)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                    help="compute threads of each server (default: all cores but one, left to HTTP)")
     ap.add_argument("--llama-server", metavar="PATH", help="llama.cpp's llama-server binary to compare with")
+    ap.add_argument("--ours-args", default="", metavar="ARGS",
+                    help="more `dspark-ggml serve` flags, e.g. '--spec-draft-n-max 3'")
+    ap.add_argument("--llama-args", default="", metavar="ARGS", help="more llama-server flags")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = ap.parse_args()
     n_slots = max(args.concurrency)
-    factories = [("dspark-ggml+draft", lambda: ours(n_slots, args.threads, True)),
-                 ("dspark-ggml", lambda: ours(n_slots, args.threads, False))]
+    mine, theirs = shlex.split(args.ours_args), shlex.split(args.llama_args)
+    factories = [("dspark-ggml+draft", lambda: ours(n_slots, args.threads, True, mine)),
+                 ("dspark-ggml", lambda: ours(n_slots, args.threads, False, mine))]
     if args.llama_server:
         factories.append(("llama-server+draft",
                           lambda: llama_server(args.llama_server, n_slots, args.threads,
-                                               args.max_tokens + 256)))
+                                               args.max_tokens + 256, theirs)))
     levels: list[Level] = []
     for name, make in factories:
         server = make()

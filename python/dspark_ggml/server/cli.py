@@ -19,9 +19,9 @@ API_KEY_ENV = "DSPARK_GGML_API_KEY"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ServerConfig()
-    g = p.add_argument_group("server", "flash attention is off unless -fa on/auto is given: its kernel's "
-                             "rounding depends on the batch, and a request must get the same tokens in any "
-                             "batch")
+    g = p.add_argument_group("server", "Here -t defaults to all cores but one (left to the HTTP side), "
+                             "and flash attention is off unless -fa is given (its kernel's rounding depends "
+                             "on the batch, and a request must get the same tokens in any batch).")
     g.add_argument("--host", default=d.host,
                    help=f"address to listen on (default: {d.host}, this machine only)")
     g.add_argument("--port", type=int, default=d.port, help=f"port (default: {d.port})")
@@ -65,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     from .serve import serve
 
+    if args.n_threads is None:
+        # one core stays for the HTTP side: ggml's workers spin while they wait, and with every core
+        # theirs the event loop (and the engine thread handing it tokens) starves
+        args.n_threads = max(1, (os.cpu_count() or 2) - 1)
     if args.flash_attn is None:
         # ggml's flash-attention kernel rounds differently with the number of queries in a batch, so
         # a sequence's logits would depend on its batch mates (seen on the CPU: up to 0.08 apart);
