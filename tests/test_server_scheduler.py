@@ -100,6 +100,8 @@ def test_speculative_off_and_n_max_share_the_contexts(make_scheduler, target_onl
     t_small, _, s_small = result(small)
     assert t_small == want and s_small.n_drafted > 0 and len(s_small.drafted_at) <= 2  # at most 2 positions
     assert len(pool.engines()) == 3
+    assert pool.get(SpecOverride(n_max=99)) is pool.default  # clamped to the draft's maximum: the default
+    assert pool.get(SpecOverride(n_max=2)) is pool.get(SpecOverride(n_max=2, p_min=0.0))
 
 
 def test_overrides_the_setting_cannot_take_are_refused():

@@ -79,15 +79,21 @@ class EnginePool:
             return None  # without a draft every setting is target-only decoding
         if override.off:
             return SpecOverride(off=True)
-        n_max = s.n_max if override.n_max is None else override.n_max
+        n_max = self._clamped(s.n_max if override.n_max is None else override.n_max)
         p_min = s.p_min if override.p_min is None else override.p_min
-        if (n_max, p_min) == (s.n_max, s.p_min):
+        if (n_max, p_min) == (self._clamped(s.n_max), s.p_min):
             return None
         if s.schedule == "confidence":
             # that schedule calibrates on an empty cache when its engine is created: not while serving
             raise InvalidArgumentError("per-request n_max / p_min need the server's static schedule "
                                        "(it runs --spec-schedule confidence); 'off' works")
         return SpecOverride(n_max=n_max, p_min=p_min)
+
+    def _clamped(self, n_max: int) -> int:
+        """n_max as the engine runs it: 0 and anything above the draft's maximum mean the maximum."""
+        assert self._llm.draft_model is not None
+        full = self._llm.draft_model.info.max_draft
+        return full if n_max <= 0 or n_max > full else n_max
 
     def _make(self, key: SpecOverride) -> Engine:
         llm, s = self._llm, self._llm.speculative
