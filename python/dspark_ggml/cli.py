@@ -21,6 +21,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("cli_info", "describe GGUF files: architecture, hyperparameters, tensors, sizes"),
     "check": ("cli_check", "check a draft's conversion: acceptance as converted vs the likely alternatives"),
     "bench": ("cli_bench", "compare target-only and speculative decoding: tokens/s, tau, acceptance"),
+    "serve": ("server.cli", "serve an OpenAI-compatible HTTP API with continuous batching (the [server] extra)"),
 }
 
 

@@ -147,8 +147,9 @@ def demo_paths() -> tuple[str, str]:
     return paths
 
 
-def build_llm(args: argparse.Namespace) -> LLM:
-    """Load the models the arguments name; one line on stderr says what was loaded."""
+def build_llm(args: argparse.Namespace, **extra: Any) -> LLM:
+    """Load the models the arguments name (``extra``: more LLM options); one line on stderr says what
+    was loaded."""
     from .llm import LLM
 
     target, draft = model_paths(args)
@@ -159,7 +160,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
         options["flash_attn"] = {"auto": "auto", "on": True, "off": False}[args.flash_attn]
     t0 = time.perf_counter()
     llm = LLM(target, draft_model_path=draft, speculative=speculative_from_args(args),
-              use_mmap=not args.no_mmap, **options)
+              use_mmap=not args.no_mmap, **options, **extra)
     draft_text = ""
     if draft is not None and llm.draft_model is not None:
         draft_text = f" + {os.path.basename(draft)} ({llm.method}, {llm.n_draft} draft tokens/step)"

@@ -1,0 +1,261 @@
+"""`dspark-ggml serve` under load: throughput and latency at several concurrencies, with and
+without the draft, on the demo pair; optionally the same load against llama.cpp's llama-server.
+
+    python bench/bench_server.py [--concurrency 1 4 16] [--max-tokens 128] [--threads N]
+                                 [--llama-server PATH] [--json OUT.json]
+
+Each level sends ``--requests`` streamed greedy completions (default: 4 per client, at least 8)
+from ``concurrency`` clients at once. Per request: TTFT (time to the first text), TPOT (time per
+output token after the first); per level: tokens/s summed over the requests and p50/p99 of both.
+Servers run with as many slots as the largest concurrency. With --llama-server, the same load goes
+to `llama-server -m TARGET -md DRAFT --spec-type draft-dspark -np N` and the table adds our
+throughput as a ratio of its. Flash attention is off on both sides (our server's default: the
+same tokens in any batch).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table  # noqa: E402
+
+PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in range(10):\n", "def main():\n",
+           "try:\n", "with open(path) as f:\n", "if __name__ == '__main__':\n"]
+
+
+@dataclass
+class Sample:
+    ttft: float
+    tpot: float
+    tokens: int
+
+
+@dataclass
+class Level:
+    server: str
+    concurrency: int
+    requests: int
+    errors: int
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+
+
+# ---- servers --------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server subprocess on a free loopback port, ready once /health answers 200."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, timeout: float = 180.0) -> None:
+        self.name, self.url = name, f"http://127.0.0.1:{port}"
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError(f"{name} exited with {self.proc.returncode}:\n{self.tail(40)}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        self.close()
+        raise RuntimeError(f"{name} was not ready after {timeout} s")
+
+    def tail(self, n: int = 15) -> str:
+        """The last lines of the server's output."""
+        self.log.seek(0)
+        return "\n".join(self.log.read().decode(errors="replace").splitlines()[-n:])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def ours(n_slots: int, threads: int, draft: bool, extra: list[str]) -> Server:
+    port = free_port()
+    cmd = [sys.executable, "-m", "dspark_ggml", "serve", "--demo", "--port", str(port), "-np", str(n_slots),
+           "-t", str(threads), "--log-level", "warning", "--queue-size", "256", *extra]
+    if not draft:
+        cmd += ["--spec-type", "none"]
+    return Server("dspark-ggml" + ("+draft" if draft else ""), cmd, port)
+
+
+def llama_server(binary: str, n_slots: int, threads: int, n_ctx_per_slot: int, extra: list[str]) -> Server:
+    from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
+
+    port = free_port()
+    cmd = [binary, "-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-type", "draft-dspark",
+           "--spec-draft-n-max", "8",
+           "-np", str(n_slots), "-c", str(n_slots * n_ctx_per_slot), "-t", str(threads), "-tb", str(threads),
+           "-fa", "off", "--port", str(port), "--host", "127.0.0.1", "--no-webui", *extra]
+    return Server("llama-server+draft", cmd, port)
+
+
+# ---- load -----------------------------------------------------------------------------------------
+
+def one_request(client: httpx.Client, prompt: str, max_tokens: int) -> Sample:
+    """A streamed greedy completion: TTFT, TPOT and the tokens it produced."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = last = None
+    n_chunks, usage = 0, None
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            d = json.loads(line[6:])
+            if d.get("usage"):
+                usage = d["usage"].get("completion_tokens")
+            if any(c.get("text") for c in d.get("choices", [])):
+                now = time.perf_counter()
+                first = first if first is not None else now
+                last = now
+                n_chunks += 1
+    tokens = usage if usage else n_chunks
+    first = first if first is not None else time.perf_counter()
+    last = last if last is not None else first
+    return Sample(first - t0, (last - first) / (tokens - 1) if tokens > 1 else 0.0, tokens)
+
+
+def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int) -> Level:
+    jobs = [PROMPTS[i % len(PROMPTS)] for i in range(n_requests)]
+    lock = threading.Lock()
+    samples: list[Sample] = []
+    errors: list[str] = []
+
+    def worker() -> None:
+        # a fresh connection per request: a server may close an idle kept-alive one just as it is reused
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=server.url, timeout=600, limits=fresh) as client:
+            while True:
+                with lock:
+                    if not jobs:
+                        return
+                    prompt = jobs.pop()
+                try:
+                    s = one_request(client, prompt, max_tokens)
+                except (httpx.HTTPError, ValueError) as e:  # counted, not fatal: the table says how many
+                    with lock:
+                        errors.append(f"{type(e).__name__}: {e}")
+                    continue
+                with lock:
+                    samples.append(s)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ttft = [s.ttft * 1e3 for s in samples]
+    tpot = [s.tpot * 1e3 for s in samples]
+    if errors:
+        print(f"{server.name} c={concurrency}: {len(errors)} failed requests, e.g. {errors[0]}\n"
+              f"{server.tail()}", file=sys.stderr)
+    return Level(server.name, concurrency, len(samples), len(errors), sum(s.tokens for s in samples) / wall,
+                 _pct(ttft, 50), _pct(ttft, 99), _pct(tpot, 50), _pct(tpot, 99))
+
+
+def _pct(values: list[float], q: float) -> float:
+    if len(values) < 2:
+        return values[0] if values else 0.0
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if q < 100 else max(values)
+
+
+# ---- main -----------------------------------------------------------------------------------------
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--requests", type=int, default=0,
+                    help="requests per level (default: 4 per client, at least 8)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                    help="compute threads of each server (default: all cores but one, left to HTTP)")
+    ap.add_argument("--llama-server", metavar="PATH", help="llama.cpp's llama-server binary to compare with")
+    ap.add_argument("--ours-args", default="", metavar="ARGS",
+                    help="more `dspark-ggml serve` flags, e.g. '--spec-draft-n-max 3'")
+    ap.add_argument("--llama-args", default="", metavar="ARGS", help="more llama-server flags")
+    ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    args = ap.parse_args()
+    n_slots = max(args.concurrency)
+    mine, theirs = shlex.split(args.ours_args), shlex.split(args.llama_args)
+    factories = [("dspark-ggml+draft", lambda: ours(n_slots, args.threads, True, mine)),
+                 ("dspark-ggml", lambda: ours(n_slots, args.threads, False, mine))]
+    if args.llama_server:
+        factories.append(("llama-server+draft",
+                          lambda: llama_server(args.llama_server, n_slots, args.threads,
+                                               args.max_tokens + 256, theirs)))
+    levels: list[Level] = []
+    for name, make in factories:
+        server = make()
+        try:
+            one_request(httpx.Client(base_url=server.url, timeout=600), PROMPTS[0], 8)  # warm up
+            for c in args.concurrency:
+                n = args.requests or max(8, 4 * c)
+                levels.append(run_level(server, c, n, args.max_tokens))
+                print(f"{name} c={c}: {levels[-1].tokens_per_s:.1f} tokens/s", file=sys.stderr, flush=True)
+        finally:
+            server.close()
+    _report(levels)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(lv) for lv in levels], indent=2))
+    return 0
+
+
+def _report(levels: list[Level]) -> None:
+    print_table(["server", "concurrency", "requests", "errors", "tokens/s", "TTFT p50 ms", "TTFT p99 ms",
+                 "TPOT p50 ms", "TPOT p99 ms"],
+                [[lv.server, lv.concurrency, lv.requests, lv.errors, lv.tokens_per_s, lv.ttft_p50_ms,
+                  lv.ttft_p99_ms, lv.tpot_p50_ms, lv.tpot_p99_ms] for lv in levels])
+    by = {(lv.server, lv.concurrency): lv for lv in levels}
+    rows = []
+    for c in sorted({lv.concurrency for lv in levels}):
+        spec, plain, llama = (by.get((name, c)) for name in ("dspark-ggml+draft", "dspark-ggml",
+                                                             "llama-server+draft"))
+        rows.append([c, _ratio(spec, plain), _ratio(spec, llama), _ratio(llama, spec, "tpot_p50_ms")])
+    print()
+    print_table(["concurrency", "draft / no draft (tokens/s)", "ours / llama-server (tokens/s)",
+                 "llama-server / ours (TPOT p50)"], rows)
+
+
+def _ratio(a: Level | None, b: Level | None, field: str = "tokens_per_s") -> str:
+    if a is None or b is None or not getattr(b, field):
+        return "-"
+    return f"{getattr(a, field) / getattr(b, field):.2f}x"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

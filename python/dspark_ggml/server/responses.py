@@ -1,0 +1,95 @@
+"""OpenAI's response objects: whole completions, streamed chunks, usage, and our speculative stats.
+
+Besides OpenAI's fields every response carries ``speculative``: the method, draft tokens sent to
+verification, how many the target accepted, the acceptance rate and tau (tokens per verify step,
+the target's own included), summed over the request's choices.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import SpecStats
+
+# our finish reasons -> OpenAI's ("context_full" is a length limit to an OpenAI client)
+FINISH = {"stop": "stop", "length": "length", "context_full": "length"}
+
+
+@dataclass
+class Choice:
+    """What one choice has produced so far."""
+
+    index: int
+    text: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stats: SpecStats | None = None
+
+
+class ResponseBuilder:
+    """Builds the objects of one request: same id, creation time and model in each of them."""
+
+    def __init__(self, endpoint: str, model: str, method: str, n_prompt: int) -> None:
+        self.chat = endpoint == "chat.completions"
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model = model
+        self.method = method
+        self.n_prompt = n_prompt
+
+    # ---- whole responses --------------------------------------------------------------------------
+
+    def completion(self, choices: list[Choice]) -> dict[str, Any]:
+        return {**self._head("chat.completion" if self.chat else "text_completion"),
+                "choices": [self._choice(c) for c in choices], **self.usage(choices)}
+
+    def _choice(self, c: Choice) -> dict[str, Any]:
+        text = "".join(c.text)
+        finish = FINISH.get(c.finish_reason or "", c.finish_reason)
+        if self.chat:
+            return {"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                    "finish_reason": finish}
+        return {"index": c.index, "text": text, "logprobs": None, "finish_reason": finish}
+
+    # ---- streamed chunks --------------------------------------------------------------------------
+
+    def chunk(self, index: int, text: str, finish_reason: str | None = None, *,
+              first: bool = False) -> dict[str, Any]:
+        finish = FINISH.get(finish_reason or "", finish_reason) if finish_reason else None
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else \
+                ({"content": text} if text or not finish else {})
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**self._head(self._chunk_object), "choices": [choice]}
+
+    def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
+        """The last chunk of a stream: no choices, the usage and speculative stats."""
+        return {**self._head(self._chunk_object), "choices": [], **self.usage(choices)}
+
+    @property
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    # ---- shared -----------------------------------------------------------------------------------
+
+    def usage(self, choices: list[Choice]) -> dict[str, Any]:
+        n_completion = sum(len(c.tokens) for c in choices)
+        return {"usage": {"prompt_tokens": self.n_prompt, "completion_tokens": n_completion,
+                          "total_tokens": self.n_prompt + n_completion},
+                "speculative": speculative_stats(self.method, [c.stats for c in choices if c.stats])}
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+
+def speculative_stats(method: str, stats: list[SpecStats]) -> dict[str, Any]:
+    """Draft counters summed over choices (tau recomputed from the sums, as the engine defines it)."""
+    total = SpecStats(n_steps=sum(s.n_steps for s in stats), n_drafted=sum(s.n_drafted for s in stats),
+                      n_accepted=sum(s.n_accepted for s in stats))
+    return {"method": method, "drafted": total.n_drafted, "accepted": total.n_accepted,
+            "acceptance_rate": total.acceptance_rate, "tau": total.mean_accepted_length,
+            "steps": total.n_steps}

@@ -1,0 +1,262 @@
+"""The engine loop: one thread that runs every sequence, admitting and dropping them between steps.
+
+Continuous batching: a request's sequences wait in a bounded queue, take a free slot (an engine
+sequence id) at the next step boundary, and give it back when they finish or their client goes
+away. The loop is the only thread that touches the engines; it never holds the GIL while ggml
+computes (cffi releases it for each C call, and no Python callback runs inside a step).
+
+Sequences reach their HTTP request through ``Job.deliver``, called on this thread with a
+GenerationChunk (its last one has finish_reason and stats) or a Failure; nothing follows either.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from ..decode_loop import Request
+from ..decode_loop import _LiveSequence as LiveSequence  # a request's text state: detokenizer, stop strings
+from ..errors import ContextFullError, DSparkError
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..results import GenerationChunk, GenerationStats
+    from ..tokenizer import Tokenizer
+    from .engines import EnginePool, SpecOverride
+    from .metrics import Metrics
+
+log = logging.getLogger("dspark_ggml.server")
+
+
+class QueueFullError(Exception):
+    """Every slot is busy and the queue behind them is full."""
+
+
+@dataclass
+class Failure:
+    """A sequence (choice ``index``) that ended with an error."""
+
+    index: int
+    error: Exception
+
+
+@dataclass(eq=False)
+class Job:
+    """One sequence to generate: a request (one choice of it) and where its output goes."""
+
+    request: Request
+    speculative: SpecOverride | None
+    deliver: Callable[[object], None]
+    cancelled: bool = False
+    finished: bool = False
+
+
+@dataclass(eq=False)
+class _Slot:
+    job: Job
+    seq: LiveSequence
+    engine: Engine = field(repr=False)
+
+    @property
+    def seq_id(self) -> int:
+        return self.seq.seq_id
+
+
+class Scheduler:
+    """Runs jobs through the engines, ``n_slots`` at a time, at most ``capacity`` admitted.
+
+    Args:
+        pool: the engines (one per speculative setting).
+        tokenizer: for text; None = token ids only.
+        n_slots: engine sequences (the target context's n_seq_max or fewer).
+        capacity: jobs admitted at once (running + waiting); submit() beyond it raises QueueFullError.
+        metrics: counters updated as sequences finish.
+    """
+
+    def __init__(self, pool: EnginePool, tokenizer: Tokenizer | None, n_slots: int, capacity: int,
+                 metrics: Metrics) -> None:
+        self._pool = pool
+        self._tokenizer = tokenizer
+        self.n_slots = n_slots
+        self._capacity = capacity
+        self._metrics = metrics
+        self._cv = threading.Condition()
+        self._waiting: deque[Job] = deque()
+        self._admitted = 0  # jobs submitted and not yet finished (waiting or running)
+        self._slots: dict[int, _Slot] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="dspark-engine-loop", daemon=True)
+
+    # ---- the HTTP side (any thread) ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue a request's jobs, all or none (QueueFullError)."""
+        with self._cv:
+            if self._stopping:
+                raise QueueFullError("the server is shutting down")
+            if self._admitted + len(jobs) > self._capacity:
+                raise QueueFullError(f"all {self.n_slots} slots are busy and the queue is full")
+            self._waiting.extend(jobs)
+            self._admitted += len(jobs)
+            self._cv.notify()
+
+    def cancel(self, job: Job) -> None:
+        """Drop a job: at once if it waits, at the next step boundary if it runs (its KV cells freed)."""
+        with self._cv:
+            job.cancelled = True
+            self._cv.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Cancel whatever is left and end the loop thread."""
+        with self._cv:
+            self._stopping = True
+            for job in self._waiting:
+                job.cancelled = True
+            for slot in self._slots.values():
+                slot.job.cancelled = True
+            self._cv.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def busy_slots(self) -> int:
+        return len(self._slots)
+
+    # ---- the loop (engine thread) -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._waiting or self._slots or self._stopping):
+                    self._cv.wait()
+                if self._stopping and not self._slots and all(j.cancelled for j in self._waiting):
+                    self._waiting.clear()
+                    return
+                arrivals = self._take_arrivals()
+            try:
+                self._drop_cancelled()
+                self._admit(arrivals)
+                self._step_all()
+            except Exception as e:  # noqa: BLE001 (a bug here must not leave every client waiting)
+                log.exception("engine loop error: failing the requests in flight")
+                self._fail_all(arrivals, e)
+
+    def _take_arrivals(self) -> list[Job]:
+        """Waiting jobs that get a slot now (cancelled ones are dropped on the way). Lock held."""
+        taken: list[Job] = []
+        while self._waiting and len(self._slots) + len(taken) < self.n_slots:
+            job = self._waiting.popleft()
+            if job.cancelled:
+                self._done(job, "cancelled")
+            else:
+                taken.append(job)
+        return taken
+
+    def _drop_cancelled(self) -> None:
+        for slot in [s for s in self._slots.values() if s.job.cancelled]:
+            self._release(slot)
+            self._done(slot.job, "cancelled")
+
+    def _admit(self, arrivals: list[Job]) -> None:
+        for i, job in enumerate(arrivals):
+            try:
+                engine = self._pool.get(job.speculative)
+                seq = LiveSequence(job.request, self._free_slot(), self._tokenizer)
+                tokens = engine.add(seq.seq_id, job.request.prompt, job.request.sampling,
+                                    [[t] for t in job.request.stop_token_ids])
+            except ContextFullError as e:
+                if self._slots:  # the cells are shared: wait until a running sequence frees some
+                    with self._cv:
+                        self._waiting.extendleft(reversed(arrivals[i:]))
+                    return
+                self._fail(job, e)
+                continue
+            except DSparkError as e:
+                self._fail(job, e)
+                continue
+            slot = self._slots[seq.seq_id] = _Slot(job, seq, engine)
+            self._emit(slot, tokens, [False] * len(tokens))
+
+    def _step_all(self) -> None:
+        """One step of every engine that has sequences (several only with per-request overrides)."""
+        for engine in {id(s.engine): s.engine for s in self._slots.values()}.values():
+            slots = [s for s in self._slots.values() if s.engine is engine]
+            try:
+                engine.step()
+            except ContextFullError:
+                # the cells are shared by the sequences: end the longest one, the others go on
+                longest = max(slots, key=lambda s: len(s.job.request.prompt) + s.seq.n_tokens)
+                self._finish(longest, longest.seq.last_chunk("context_full"))
+                continue
+            except DSparkError as e:
+                log.exception("engine step failed")
+                for slot in slots:
+                    self._release(slot)
+                    self._fail(slot.job, e)
+                continue
+            for slot in slots:
+                tokens, from_draft = engine.new_tokens(slot.seq_id)
+                self._emit(slot, tokens, from_draft)
+
+    # ---- helpers ----------------------------------------------------------------------------------
+
+    def _emit(self, slot: _Slot, tokens: list[int], from_draft: list[bool]) -> None:
+        chunk = slot.seq.accept(tokens, from_draft, slot.engine.status(slot.seq_id))
+        if chunk.finish_reason is not None:
+            self._finish(slot, chunk)
+        else:
+            slot.job.deliver(chunk)
+
+    def _finish(self, slot: _Slot, chunk: GenerationChunk) -> None:
+        """Attach the statistics to a sequence's last chunk, free its slot, deliver the chunk."""
+        chunk.stats = self._release(slot)
+        self._done(slot.job, chunk.finish_reason or "stop")
+        slot.job.deliver(chunk)
+
+    def _release(self, slot: _Slot) -> GenerationStats:
+        """Free a running sequence's slot and KV cells; its counters go to the metrics."""
+        stats = slot.seq.stats(slot.engine)
+        try:
+            slot.engine.remove(slot.seq_id)
+        finally:
+            del self._slots[slot.seq_id]
+        self._metrics.record_sequence(stats)
+        return stats
+
+    def _fail(self, job: Job, error: Exception) -> None:
+        self._done(job, "error")
+        job.deliver(Failure(job.request.index, error))
+
+    def _done(self, job: Job, reason: str) -> None:
+        """A job leaves the server (once)."""
+        with self._cv:
+            if job.finished:
+                return
+            job.finished = True
+            self._admitted -= 1
+        self._metrics.record_finish(reason)
+
+    def _fail_all(self, arrivals: list[Job], error: Exception) -> None:
+        """After an unexpected error: end every running sequence and this round's arrivals."""
+        for slot in list(self._slots.values()):
+            try:
+                slot.engine.remove(slot.seq_id)
+            except Exception:  # noqa: BLE001 (best effort: the engine may be what failed)
+                pass
+            del self._slots[slot.seq_id]
+            self._fail(slot.job, error)
+        for job in arrivals:
+            if not job.finished:
+                self._fail(job, error)
+
+    def _free_slot(self) -> int:
+        return min(set(range(self.n_slots)) - set(self._slots))

@@ -1,0 +1,79 @@
+"""`dspark-ggml serve` as a subprocess on a free loopback port, for the server tests."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """Starts `python -m dspark_ggml serve ARGS --port P` and waits until /health answers 200.
+
+    Its output goes to a log file (a pipe nobody reads could fill up and block the server); the
+    log is shown when the server fails to start.
+    """
+
+    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None,
+                 timeout: float = 90.0) -> None:
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self.api_key = api_key
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "dspark_ggml", "serve", "--port", str(self.port),
+               "--log-level", "warning", *args, *(["--api-key", api_key] if api_key else [])]
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self._wait_ready(timeout)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self, timeout: float = 120.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the server did not become ready in {timeout} s:\n{self.log()}")
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then wait for the exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()

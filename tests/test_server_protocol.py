@@ -1,0 +1,98 @@
+"""Request parsing of the server (no HTTP, no model): defaults, OpenAI's spellings, our extensions,
+and the refusals, each naming the field at fault."""
+from __future__ import annotations
+
+import pytest
+
+from dspark_ggml.sampling import SamplingParams
+from dspark_ggml.server.engines import SpecOverride
+from dspark_ggml.server.errors import ApiError
+from dspark_ggml.server.protocol import parse_chat, parse_completion, parse_detokenize, parse_tokenize
+
+DEFAULTS = SamplingParams(max_tokens=100, temperature=0.0)
+
+
+def test_defaults_fill_what_the_request_leaves_out():
+    r = parse_completion({"prompt": "x", "temperature": None}, DEFAULTS, n_slots=4)
+    assert (r.prompt, r.n, r.stream, r.include_usage, r.speculative) == ("x", 1, False, True, None)
+    assert r.sampling == DEFAULTS and r.sampling is not DEFAULTS
+
+
+def test_sampling_fields_and_spellings():
+    r = parse_completion({"prompt": [[1, 2, 3]], "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
+                          "top_k": -1, "min_p": 0.1, "seed": 42, "stop": "\n", "stop_token_ids": [5],
+                          "n": 2, "stream": True, "stream_options": {"include_usage": False}}, DEFAULTS, 4)
+    s = r.sampling
+    assert r.prompt == [1, 2, 3] and (r.n, r.stream, r.include_usage) == (2, True, False)
+    assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.min_p, s.seed) == (7, 0.5, 0.9, 0, 0.1, 42)
+    assert (s.stop, s.stop_token_ids) == (["\n"], [5])
+    chat = parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                   {"type": "text", "text": "b"}]}],
+                       "max_tokens": 3, "max_completion_tokens": 9}, DEFAULTS, 4)
+    assert chat.messages == [{"role": "user", "content": "ab"}] and chat.sampling.max_tokens == 9
+
+
+@pytest.mark.parametrize("value, expected", [
+    (False, SpecOverride(off=True)), ({"enabled": False}, SpecOverride(off=True)), (True, None), ({}, None),
+    ({"n_max": 3}, SpecOverride(n_max=3)), ({"p_min": 0.5}, SpecOverride(p_min=0.5)),
+])
+def test_speculative_override(value, expected):
+    assert parse_completion({"prompt": "x", "speculative": value}, DEFAULTS, 4).speculative == expected
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": True}, "max_tokens"),
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "temperature": float("nan")}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "min_p": 2}, "min_p"),
+    ({"prompt": "x", "seed": -1}, "seed"),
+    ({"prompt": "x", "seed": 2**32}, "seed"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": 5}, "n"),
+    ({"prompt": "x", "stop": [1]}, "stop"),
+    ({"prompt": "x", "stop": ["a"] * 17}, "stop"),
+    ({"prompt": "x", "stream_options": "yes"}, "stream_options"),
+    ({"prompt": "x", "speculative": {"n_max": 2, "depth": 3}}, "speculative"),
+    ({"prompt": "x", "speculative": {"p_min": 1.5}}, "p_min"),
+    ({"prompt": "x", "speculative": "off"}, "speculative"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "model": 3}, "model"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": [1, "a"]}, "prompt"),
+    ({"prompt": [True]}, "prompt"),
+])
+def test_bad_completion_fields(body, param):
+    with pytest.raises(ApiError) as e:
+        parse_completion(body, DEFAULTS, n_slots=4)
+    assert e.value.status == 400 and e.value.param == param
+
+
+@pytest.mark.parametrize("messages, param", [
+    (None, "messages"), ([], "messages"), ("hi", "messages"), ([["user", "hi"]], "messages[0]"),
+    ([{"role": "user", "content": "x"}, {"role": "bot", "content": "x"}], "messages[1].role"),
+    ([{"role": "user", "content": 3}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}],
+     "messages[0].content"),
+])
+def test_bad_messages(messages, param):
+    with pytest.raises(ApiError) as e:
+        parse_chat({"messages": messages}, DEFAULTS, n_slots=4)
+    assert e.value.status == 400 and e.value.param == param
+
+
+def test_not_an_object_and_the_token_endpoints():
+    for body in ([], "x", 3, None):
+        with pytest.raises(ApiError):
+            parse_completion(body, DEFAULTS, 4)
+    assert parse_tokenize({"content": "a"}) == ("a", False, True)
+    assert parse_tokenize({"content": "a", "add_special": True, "parse_special": False}) == ("a", True, False)
+    with pytest.raises(ApiError):
+        parse_tokenize({"text": "a"})
+    assert parse_detokenize({"tokens": []}, 10) == []
+    with pytest.raises(ApiError):
+        parse_detokenize({"tokens": [10]}, 10)

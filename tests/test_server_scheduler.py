@@ -1,0 +1,164 @@
+"""The server's engine loop in-process (no HTTP): per-request speculative engines over shared
+contexts, cancellation, the admission limit, a full context, and engine errors."""
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+
+from dspark_ggml import LLM
+from dspark_ggml.decode_loop import Request
+from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
+from dspark_ggml.errors import InvalidArgumentError
+from dspark_ggml.sampling import SamplingParams
+from dspark_ggml.server.engines import EnginePool, SpecOverride
+from dspark_ggml.server.metrics import Metrics
+from dspark_ggml.server.scheduler import Failure, Job, QueueFullError, Scheduler
+
+PROMPT = "def fibonacci(n):\n"
+
+
+@pytest.fixture(scope="module")
+def target_only():
+    with LLM(TARGET_PATH, n_threads=1, flash_attn=False) as llm:
+        yield llm
+
+
+@pytest.fixture
+def make_scheduler():
+    made = []
+
+    def make(n_slots=2, capacity=8, **llm_options):
+        llm = LLM(TARGET_PATH, draft_model_path=DRAFT_PATH, n_threads=1, n_seq_max=n_slots, flash_attn=False,
+                  **llm_options)
+        pool = EnginePool(llm)
+        sched = Scheduler(pool, llm.tokenizer, n_slots, capacity, Metrics())
+        sched.start()
+        made.append((sched, pool, llm))
+        return sched, pool, llm
+
+    yield make
+    for sched, pool, llm in made:
+        sched.stop(10)
+        pool.close()
+        llm.close()
+
+
+def job(llm, prompt=PROMPT, max_tokens=16, speculative=None, index=0):
+    """A Job whose events land in ``job.events`` (a thread-safe queue)."""
+    events: queue.Queue = queue.Queue()
+    request = Request(llm.tokenize(prompt, parse_special=True), SamplingParams(max_tokens=max_tokens), [], [],
+                      index)
+    j = Job(request, speculative, events.put)
+    j.events = events  # type: ignore[attr-defined]
+    return j
+
+
+def result(j, timeout=60.0):
+    """(tokens, finish_reason, stats) once the job's last event came, or its Failure."""
+    tokens = []
+    while True:
+        ev = j.events.get(timeout=timeout)
+        if isinstance(ev, Failure):
+            return ev
+        tokens += ev.tokens
+        if ev.finish_reason is not None:
+            return tokens, ev.finish_reason, ev.stats
+
+
+def wait_until(cond, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_the_pool_removes_the_python_abort_callback(make_scheduler):
+    _, pool, llm = make_scheduler()
+    assert pool.default is llm.engine and llm.engine._abort_cb is None  # no Python call per graph node
+
+
+def test_speculative_off_and_n_max_share_the_contexts(make_scheduler, target_only):
+    sched, pool, llm = make_scheduler()
+    want = target_only.generate(PROMPT, max_tokens=24).tokens
+    before = job(llm, max_tokens=24)
+    sched.submit([before])
+    _, _, s_before = result(before)
+    off, after = job(llm, max_tokens=24, speculative=SpecOverride(off=True)), job(llm, max_tokens=24)
+    sched.submit([off])  # creates the draftless engine, which turns feature capture off in the shared context
+    t_off, _, s_off = result(off)
+    sched.submit([after])
+    t_after, _, s_after = result(after)
+    assert t_off == t_after == want  # greedy: the setting changes speed only
+    assert s_off.n_drafted == 0
+    # the pool turned capture back on: the draft sees the same features, so it drafts the same
+    assert s_before.n_accepted > 0
+    assert (s_after.accepted_at, s_after.drafted_at) == (s_before.accepted_at, s_before.drafted_at)
+    small = job(llm, max_tokens=24, speculative=SpecOverride(n_max=2))
+    sched.submit([small, job(llm, max_tokens=24, speculative=SpecOverride(off=True))])
+    t_small, _, s_small = result(small)
+    assert t_small == want and s_small.n_drafted > 0 and len(s_small.drafted_at) <= 2  # at most 2 positions
+    assert len(pool.engines()) == 3
+    assert pool.get(SpecOverride(n_max=99)) is pool.default  # clamped to the draft's maximum: the default
+    assert pool.get(SpecOverride(n_max=2)) is pool.get(SpecOverride(n_max=2, p_min=0.0))
+
+
+def test_overrides_the_setting_cannot_take_are_refused():
+    with LLM(TARGET_PATH, draft_model_path=DRAFT_PATH, n_threads=1, n_seq_max=1, flash_attn=False,
+             speculative={"schedule": "confidence"}) as llm:
+        pool = EnginePool(llm)
+        assert pool.get(SpecOverride(off=True)) is not pool.default
+        with pytest.raises(InvalidArgumentError, match="static schedule"):
+            pool.get(SpecOverride(n_max=3))
+        pool.close()
+
+
+def test_cancel_frees_the_slot_at_the_next_step(make_scheduler):
+    sched, _, llm = make_scheduler(n_slots=1)
+    long = job(llm, max_tokens=3000)
+    sched.submit([long])
+    long.events.get(timeout=30)  # running
+    assert sched.busy_slots == 1
+    sched.cancel(long)
+    wait_until(lambda: sched.busy_slots == 0)
+    assert llm.context.kv_n_used == 0  # its cells were released
+    after = job(llm, max_tokens=4)
+    sched.submit([after])
+    assert result(after)[1] == "length"
+    assert sched._metrics.render({}).count('reason="cancelled"} 1') == 1
+
+
+def test_admission_is_bounded(make_scheduler):
+    sched, _, llm = make_scheduler(n_slots=1, capacity=2)
+    first = [job(llm, max_tokens=3000), job(llm, max_tokens=3000)]
+    sched.submit(first)
+    with pytest.raises(QueueFullError):
+        sched.submit([job(llm)])
+    with pytest.raises(QueueFullError):  # all choices of a request or none
+        sched.submit([job(llm), job(llm, index=1)])
+    for j in first:
+        sched.cancel(j)
+    wait_until(lambda: sched.busy_slots == 0 and sched.queue_depth == 0)
+    sched.submit([job(llm)])  # room again
+
+
+def test_a_full_context_ends_the_longest_sequence(make_scheduler):
+    sched, _, llm = make_scheduler(n_slots=2, n_ctx=160)
+    jobs = [job(llm, max_tokens=500, index=0), job(llm, "import os\n", max_tokens=500, index=1)]
+    sched.submit(jobs)
+    reasons = sorted(result(j)[1] for j in jobs)
+    assert reasons == ["context_full", "context_full"]
+    assert sched.busy_slots == 0 and llm.context.kv_n_used == 0
+
+
+def test_an_engine_error_fails_the_request_not_the_loop(make_scheduler, target_only):
+    sched, _, llm = make_scheduler()
+    bad = job(llm)
+    bad.request.prompt = [llm.n_vocab + 5]  # the engine refuses it at add()
+    sched.submit([bad])
+    failure = result(bad)
+    assert isinstance(failure, Failure) and isinstance(failure.error, InvalidArgumentError)
+    good = job(llm, max_tokens=8)
+    sched.submit([good])
+    assert result(good)[0] == target_only.generate(PROMPT, max_tokens=8).tokens
