@@ -266,3 +266,22 @@ def test_reused_graphs_give_bit_identical_logits(make_target):
     built, reused = reusing.graph_counts()
     assert reused >= len(steps) - 1 and built <= 2  # prompt graph, then one decode graph for all steps
     assert fresh.graph_counts()[1] == 0
+
+
+@pytest.mark.parametrize("flash", [False, True])
+def test_a_sequence_gets_the_same_logits_whatever_its_neighbours_did(make_target, flash):
+    """A sequence's cells are placed above its own at index = position (mod 64): its attention
+    meets them in position order at the same SIMD lanes as alone, so logits are equal bit for bit
+    whatever its neighbours did (here another sequence came first, grew and shrank in between)."""
+    path, _, _ = make_target("cell_order", arch="qwen3")
+    model = Model(path)
+    a, b = [3, 17, 42, 99, 5], [8, 8, 2, 60, 61, 9, 10]
+    alone = Context(model, n_ctx=256, type_kv="f32", flash_attn=flash)
+    alone.decode(a + [11, 12, 13], np.arange(8), outputs=np.ones(8, bool))
+    mixed = Context(model, n_ctx=256, n_seq_max=2, type_kv="f32", flash_attn=flash)
+    mixed.decode(b, np.arange(7), [1] * 7)
+    mixed.decode(a, np.arange(5), [0] * 5)
+    mixed.decode([11, 40], [5, 7], [0, 1])
+    mixed.kv_seq_rm(1, 2)  # frees cells below A's newest
+    mixed.decode([12, 13], [6, 7], [0, 0], outputs=[True, True])
+    assert np.array_equal(mixed.get_logits(), alone.get_logits()[6:8])

@@ -175,7 +175,7 @@ void dspark_context::decode(const dspark_batch & b, const std::vector<target_sam
     int32_t n_out = 0;
     validate(b, n_out);
     std::vector<int32_t> slots;
-    if (!kv.find_slots((uint32_t) b.n_tokens, slots)) {
+    if (!kv.find_slots((uint32_t) b.n_tokens, slots, b.seq_id, b.pos)) {
         dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the KV cache is full: %u of %u cells used, the batch needs %d",
                      kv.n_used(), kv.n_cells, b.n_tokens);
     }

@@ -91,7 +91,7 @@ void dspark_draft_context::inject(const float * features, int32_t n_rows, int32_
     std::vector<int32_t> last(params.n_seq_max, -2);
     validate_inject(features, n_rows, width, pos, seq, last);
     std::vector<int32_t> slots;
-    if (!kv.find_slots((uint32_t) n_rows, slots)) {
+    if (!kv.find_slots((uint32_t) n_rows, slots, seq, pos)) {
         dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the draft KV cache is full (%u of %u cells used)", kv.n_used(), kv.n_cells);
     }
     kv.commit(slots, pos, seq);
@@ -179,10 +179,19 @@ void dspark_draft_context::propose(const dspark_propose_request & r) {
     // consecutive steps one graph shape (reused); the padding rows write cells left empty.
     int32_t n_rows = r.n_inject;
     const int32_t step_rows = r.n_seqs * (r.n_draft + 1);
+    // the sequence of each cell wanted: the injected rows', padding (any cell), the blocks'
+    auto owners = [&](int32_t rows, bool positions) {
+        std::vector<int32_t> o(positions ? r.inject_pos : r.inject_seq, (positions ? r.inject_pos : r.inject_seq) + r.n_inject);
+        o.resize(rows, positions ? 0 : -1);
+        o.insert(o.end(), positions ? pos.begin() : seq.begin(), positions ? pos.end() : seq.end());
+        return o;
+    };
     std::vector<int32_t> slots;
-    if (r.n_inject > 0 && r.n_inject < step_rows && kv.find_slots((uint32_t) (step_rows + n_tok), slots)) {
+    if (r.n_inject > 0 && r.n_inject < step_rows &&
+        kv.find_slots((uint32_t) (step_rows + n_tok), slots, owners(step_rows, false).data(), owners(step_rows, true).data())) {
         n_rows = step_rows;
-    } else if (!kv.find_slots((uint32_t) (r.n_inject + n_tok), slots)) {
+    } else if (!kv.find_slots((uint32_t) (r.n_inject + n_tok), slots, owners(r.n_inject, false).data(),
+                              owners(r.n_inject, true).data())) {
         dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the draft KV cache has no room for the context rows and the blocks");
     }
     const std::vector<int32_t> inj_slots(slots.begin(), slots.begin() + n_rows);  // real rows first

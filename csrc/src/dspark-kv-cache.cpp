@@ -41,17 +41,54 @@ void dspark_kv_cache::init(ggml_backend_buffer_type_t buft, const std::vector<in
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_COMPUTE);
 }
 
-bool dspark_kv_cache::find_slots(uint32_t n, std::vector<int32_t> & out) const {
+bool dspark_kv_cache::find_slots(uint32_t n, std::vector<int32_t> & out, const int32_t * seq, const int32_t * pos) const {
     out.clear();
     if (n > n_cells - used) {
         return false;
     }
-    for (uint32_t i = 0; i < n_cells && out.size() < n; ++i) {
-        if (cells[i].pos < 0) {
-            out.push_back((int32_t) i);
+    auto owner = [&](uint32_t i) { return seq && pos && seq[i] >= 0 && seq[i] < DSPARK_MAX_SEQ ? seq[i] : -1; };
+    // per sequence of the request, the first cell above its own (and above those chosen here)
+    std::vector<uint32_t> above(DSPARK_MAX_SEQ, 0);
+    std::bitset<DSPARK_MAX_SEQ> wanted;
+    for (uint32_t i = 0; i < n; ++i) {
+        if (owner(i) >= 0) {
+            wanted.set(owner(i));
         }
     }
-    return out.size() == n;
+    for (uint32_t j = 0; wanted.any() && j < n_cells; ++j) {
+        if (cells[j].pos >= 0 && (cells[j].seq & wanted).any()) {
+            for (int32_t s = 0; s < DSPARK_MAX_SEQ; ++s) {
+                if (cells[j].seq.test(s) && wanted.test(s)) {
+                    above[s] = j + 1;
+                }
+            }
+        }
+    }
+    std::vector<bool> taken(n_cells, false);
+    auto usable = [&](uint32_t j) { return cells[j].pos < 0 && !taken[j]; };
+    for (uint32_t i = 0; i < n; ++i) {
+        const int32_t s = owner(i);
+        int64_t pick = -1;
+        if (s >= 0) {  // the aligned cell above the sequence's own
+            const uint32_t r = (uint32_t) pos[i] % DSPARK_KV_ALIGN;
+            uint32_t j = above[s] + (r + DSPARK_KV_ALIGN - above[s] % DSPARK_KV_ALIGN) % DSPARK_KV_ALIGN;
+            for (; j < n_cells && pick < 0; j += DSPARK_KV_ALIGN) {
+                pick = usable(j) ? (int64_t) j : -1;
+            }
+        }
+        for (uint32_t j = 0; j < n_cells && pick < 0; ++j) {  // any free cell (lowest first)
+            pick = usable(j) ? (int64_t) j : -1;
+        }
+        if (pick < 0) {
+            return false;
+        }
+        taken[pick] = true;
+        out.push_back((int32_t) pick);
+        if (s >= 0) {
+            above[s] = std::max(above[s], (uint32_t) pick + 1);
+        }
+    }
+    return true;
 }
 
 void dspark_kv_cache::commit(const std::vector<int32_t> & slots, const int32_t * pos, const int32_t * seq) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 constexpr int DSPARK_MAX_SEQ = 256;
+constexpr int DSPARK_KV_ALIGN = 64;  // a multiple of every SIMD width and accumulator block of the kernels
 
 struct dspark_kv_cell {
     int32_t                     pos = -1;  // -1: empty
@@ -46,8 +47,13 @@ struct dspark_kv_cache {
     void init(ggml_backend_buffer_type_t buft, const std::vector<int64_t> & widths,
               ggml_type type, uint32_t n_cells, uint32_t n_seq_max);
 
-    // Choose n free cells (lowest first); false if there are not enough. Changes nothing.
-    bool find_slots(uint32_t n, std::vector<int32_t> & out) const;
+    // Choose n free cells; false if there are not enough. Changes nothing. With seq and pos (per
+    // cell wanted; seq -1 = any), the cell of position p of sequence s is one above s's existing
+    // cells with index = p (mod DSPARK_KV_ALIGN): attention then meets a sequence's cells in
+    // position order and at the same SIMD lanes as when it runs alone, so its results are the
+    // same bit for bit whatever other sequences do. Only when no such cell is free is any taken.
+    bool find_slots(uint32_t n, std::vector<int32_t> & out, const int32_t * seq = nullptr,
+                    const int32_t * pos = nullptr) const;
     // Mark the chosen cells as holding (pos[i], seq[i]); release() empties them again.
     void commit(const std::vector<int32_t> & slots, const int32_t * pos, const int32_t * seq);
     void release(const std::vector<int32_t> & slots);
