@@ -384,3 +384,16 @@ def test_import_does_not_load_the_native_library():
     code = ("import sys, dspark_ggml, dspark_ggml.convert; dspark_ggml.SpeculativeConfig; "
             "assert 'cffi' not in sys.modules, 'the native library was loaded'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_confidence_schedule_with_several_sequences_loads_and_is_lossless():
+    """The schedule's verify-cost calibration lays its batches out as verify batches (one block per
+    sequence), so it fits the per-sequence output limit of a multi-sequence LLM."""
+    from dspark_ggml import demo
+
+    prompts = ["def f(x):\n", "import os\n"]
+    with LLM(demo.TARGET_PATH, n_ctx=512, n_seq_max=2, n_threads=1) as plain:
+        expected = [r.tokens for r in plain.generate_batch(prompts, max_tokens=24)]
+    with LLM(demo.TARGET_PATH, draft_model_path=demo.DRAFT_PATH, n_ctx=512, n_seq_max=2, n_threads=1,
+                speculative={"schedule": "confidence"}) as llm:
+        assert [r.tokens for r in llm.generate_batch(prompts, max_tokens=24)] == expected

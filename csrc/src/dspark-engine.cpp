@@ -81,7 +81,8 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
     }
 }
 
-// Time target decodes of 1 .. max verify batch tokens (median of 3), on an empty scratch sequence.
+// Time target decodes of 1 .. max verify batch tokens (median of 3) on the empty cache, laid out
+// as verify batches are: blocks of n_draft + 1 rows, one sequence each.
 void dspark_engine::measure_verify_cost() {
     const int max_b = (int) std::min<uint32_t>(tgt.params.n_batch, tgt.params.n_seq_max * (uint32_t) (n_draft + 1));
     if (tgt.kv.n_used() > 0 || (uint32_t) max_b > tgt.params.n_ctx) {
@@ -96,13 +97,14 @@ void dspark_engine::measure_verify_cost() {
         double t[3];
         for (double & ti : t) {
             for (int i = 0; i < b; ++i) {
-                pos[i] = i;
+                seq[i] = i / (n_draft + 1);
+                pos[i] = i % (n_draft + 1);
             }
             dspark_batch batch = {b, tok.data(), pos.data(), seq.data(), out.data()};
             const auto t0 = clock_type::now();
             tgt.decode(batch);
             ti = ms_since(t0);
-            tgt.kv.seq_rm(0, 0, -1);
+            tgt.kv.seq_rm(-1, 0, -1);
         }
         std::sort(t, t + 3);
         verify_ms[b] = t[1];
