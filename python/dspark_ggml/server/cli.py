@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from ..cli_args import (add_model_arguments, add_sampling_arguments, add_speculative_arguments, build_llm,
+from ..cli.args import (add_model_arguments, add_sampling_arguments, add_speculative_arguments, build_llm,
                         model_paths, sampling_from_args)
 from . import INSTALL_HINT, missing_dependencies
 from .config import DEFAULT_MAX_BODY, ServerConfig

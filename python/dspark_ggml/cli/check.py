@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from .check import check_draft, verdict
+from ..check import check_draft, verdict
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

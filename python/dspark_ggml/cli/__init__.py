@@ -1,8 +1,9 @@
 """The `dspark-ggml` command line (also `python -m dspark_ggml`).
 
-Each command lives in its own module with ``add_arguments(parser)`` and ``run(args) -> int``; only
-the module of the command being run is imported, so `dspark-ggml --help` and `convert` never load
-the native library. Registering a command is one line in ``_COMMANDS``.
+Each command lives in its own module (this package's, or ``convert.cli`` / ``server.cli``) with
+``add_arguments(parser)`` and ``run(args) -> int``; only the module of the command being run is
+imported, so `dspark-ggml --help` and `convert` never load the native library. Registering a
+command is one line in ``_COMMANDS``.
 """
 from __future__ import annotations
 
@@ -10,17 +11,18 @@ import argparse
 import sys
 from typing import Callable, Sequence
 
-from ._version import __version__
-from .errors import DSparkError
+from .._version import __version__
+from ..errors import DSparkError
 
-# name -> (module, help), in the order `--help` lists them
+# name -> (module under the dspark_ggml package, help), in the order `--help` lists them
+_ROOT = __package__.rsplit(".", 1)[0]
 _COMMANDS: dict[str, tuple[str, str]] = {
-    "generate": ("cli_generate", "generate text from a prompt, target only or with a DFlash/DSpark draft"),
-    "chat": ("cli_chat", "chat with a model through its chat template (reads stdin)"),
+    "generate": ("cli.generate", "generate text from a prompt, target only or with a DFlash/DSpark draft"),
+    "chat": ("cli.chat", "chat with a model through its chat template (reads stdin)"),
     "convert": ("convert.cli", "convert a Hugging Face target or DFlash/DSpark draft to GGUF"),
-    "info": ("cli_info", "describe GGUF files: architecture, hyperparameters, tensors, sizes"),
-    "check": ("cli_check", "check a draft's conversion: acceptance as converted vs the likely alternatives"),
-    "bench": ("cli_bench", "compare target-only and speculative decoding: tokens/s, tau, acceptance"),
+    "info": ("cli.info", "describe GGUF files: architecture, hyperparameters, tensors, sizes"),
+    "check": ("cli.check", "check a draft's conversion: acceptance as converted vs the likely alternatives"),
+    "bench": ("cli.bench", "compare target-only and speculative decoding: tokens/s, tau, acceptance"),
     "serve": ("server.cli", "serve an OpenAI-compatible HTTP API with continuous batching (the [server] extra)"),
 }
 
@@ -32,7 +34,7 @@ Run = Callable[[argparse.Namespace], int]
 def _load(module: str) -> tuple[AddArguments, Run]:
     import importlib
 
-    mod = importlib.import_module(f"{__package__}.{module}")
+    mod = importlib.import_module(f"{_ROOT}.{module}")
     return mod.add_arguments, mod.run
 
 
@@ -62,8 +64,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Errors reported as one line, not a traceback. The tokenizer's and converter's own error
     classes count only once their (pure-Python) modules are loaded: nothing else can raise them."""
     errors: list[type[BaseException]] = [DSparkError]
-    for module, name in ((f"{__package__}.tokenizer.errors", "TokenizerError"),
-                         (f"{__package__}.convert.errors", "ConversionError")):
+    for module, name in ((f"{_ROOT}.tokenizer.errors", "TokenizerError"),
+                         (f"{_ROOT}.convert.errors", "ConversionError")):
         mod = sys.modules.get(module)
         if mod is not None:
             errors.append(getattr(mod, name))

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .gguf_file import GGUFFile, TensorInfo
+from ..gguf_file import GGUFFile, TensorInfo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,7 +70,7 @@ def _print_text(d: dict[str, Any], show_tensors: bool) -> None:
 
 
 def _print_system() -> None:
-    from .system import devices, system_info
+    from ..system import devices, system_info
 
     print(f"system:        {system_info()}")
     for d in devices():

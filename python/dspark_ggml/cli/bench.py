@@ -6,8 +6,8 @@ import json
 
 from tqdm import tqdm
 
-from .benchmark import compare, default_prompt_file, load_prompts
-from .errors import InvalidArgumentError
+from ..benchmark import compare, default_prompt_file, load_prompts
+from ..errors import InvalidArgumentError
 
 FALLBACK_PROMPTS = ["def fibonacci(n):\n", "import os\n\n\ndef list_files(path):\n", "class Stack:\n",
                     "def is_prime(n):\n", "def merge_sort(items):\n"]
@@ -28,10 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .tokenizer import Tokenizer
+    from ..tokenizer import Tokenizer
 
     if not args.model:
-        from . import demo
+        from .. import demo
 
         args.model, args.model_draft = demo.TARGET_PATH, args.model_draft or demo.DRAFT_PATH
     if not args.model_draft:

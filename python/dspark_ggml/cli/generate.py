@@ -6,14 +6,14 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any, Union
 
-from .cli_args import (add_model_arguments, add_sampling_arguments, add_speculative_arguments, build_llm,
+from .args import (add_model_arguments, add_sampling_arguments, add_speculative_arguments, build_llm,
                        format_stats, sampling_from_args)
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from .llm import LLM
-    from .results import GenerationResult
-    from .sampling import SamplingParams
+    from ..llm import LLM
+    from ..results import GenerationResult
+    from ..sampling import SamplingParams
 
 Prompt = Union[str, list[int]]
 
@@ -53,7 +53,7 @@ def _read_prompt(args: argparse.Namespace) -> Prompt:
                                    "--prompt-tokens")
     if not given:
         if args.demo:
-            from .demo import DEMO_PROMPT
+            from ..demo import DEMO_PROMPT
 
             return DEMO_PROMPT
         raise InvalidArgumentError("no prompt: pass PROMPT, -p/--prompt, -f/--file or --prompt-tokens")

@@ -12,14 +12,14 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from .errors import DSparkError, InvalidArgumentError
-from .sampling import SamplingParams
-from .engine import draft_modes, schedules
-from .speculative import SpeculativeConfig
+from ..errors import DSparkError, InvalidArgumentError
+from ..sampling import SamplingParams
+from ..engine import draft_modes, schedules
+from ..speculative import SpeculativeConfig
 
 if TYPE_CHECKING:
-    from .llm import LLM
-    from .results import GenerationStats
+    from ..llm import LLM
+    from ..results import GenerationStats
 
 SPEC_TYPES = {"auto": "auto", "none": "none", "draft-dflash": "dflash", "draft-dspark": "dspark"}
 
@@ -136,7 +136,7 @@ def model_paths(args: argparse.Namespace) -> tuple[str, str | None]:
 def demo_paths() -> tuple[str, str]:
     """The demo pair's files, or a DSparkError saying they are not installed."""
     try:
-        from . import demo
+        from .. import demo
     except ImportError as e:
         raise DSparkError("the demo pair is not part of this installation of dspark-ggml") from e
     paths = (demo.TARGET_PATH, demo.DRAFT_PATH)
@@ -150,7 +150,7 @@ def demo_paths() -> tuple[str, str]:
 def build_llm(args: argparse.Namespace, **extra: Any) -> LLM:
     """Load the models the arguments name (``extra``: more LLM options); one line on stderr says what
     was loaded."""
-    from .llm import LLM
+    from ..llm import LLM
 
     target, draft = model_paths(args)
     check_model_arguments(args)

@@ -11,13 +11,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .cli_args import (add_model_arguments, add_sampling_arguments, add_speculative_arguments, build_llm,
+from .args import (add_model_arguments, add_sampling_arguments, add_speculative_arguments, build_llm,
                        format_stats, sampling_from_args)
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from .llm import LLM
-    from .sampling import SamplingParams
+    from ..llm import LLM
+    from ..sampling import SamplingParams
 
 Message = dict[str, Any]
 
