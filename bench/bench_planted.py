@@ -29,7 +29,7 @@ from dspark_ggml.context import Context  # noqa: E402
 from dspark_ggml.engine import Engine  # noqa: E402
 from dspark_ggml.model import Model  # noqa: E402
 from dspark_ggml.sampling import SamplingParams  # noqa: E402
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft  # noqa: E402
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft  # noqa: E402
 from dspark_ggml.tokenizer import Tokenizer  # noqa: E402
 from tests.gguf_edit import rewrite_gguf  # noqa: E402
 

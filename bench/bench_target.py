@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # bench/, and the repo for tests/
 from common import cached_model, print_table, timed  # noqa: E402
 
 from dspark_ggml.context import Context  # noqa: E402
 from dspark_ggml.model import Model  # noqa: E402
-from dspark_ggml.tiny import TargetConfig, write_target  # noqa: E402
+from tests.tiny_models import TargetConfig, write_target  # noqa: E402
 
 
 def model_path(dtype: str) -> Path:

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `tests.reference` is importable from any working directory
     sys.path.insert(0, str(ROOT))
 
-from dspark_ggml.tiny import TargetConfig, write_target  # noqa: E402
+from tests.tiny_models import TargetConfig, write_target  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -103,7 +103,7 @@ class Report:
 def default_bases(directory: Path) -> list[Base]:
     """Tiny targets of each architecture and storage type, tiny drafts of each kind (written into
     `directory`), and the demo pair when it is installed."""
-    from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft, write_target
+    from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 
     d = Path(directory)
     tcfg = TargetConfig(n_vocab=300, n_layer=2)

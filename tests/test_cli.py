@@ -12,7 +12,7 @@ import pytest
 
 from dspark_ggml import LLM
 from dspark_ggml.cli import main
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 
 PROMPT = "The quick brown fox"
 THREADS = ["-t", "1"]  # tiny models: more threads only add overhead

@@ -8,7 +8,7 @@ from dspark_ggml.context import Context
 from dspark_ggml.draft import DraftContext, DraftModel
 from dspark_ggml.errors import FileFormatError, InvalidArgumentError
 from dspark_ggml.model import Model
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft
 from tests.reference.numpy_draft import DraftRef
 
 TARGET = dict(n_layer=4)

@@ -11,7 +11,7 @@ from dspark_ggml.engine import Engine
 from dspark_ggml.errors import InvalidArgumentError
 from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams, sample_rows
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 from tests.gguf_edit import rewrite_gguf
 
 V = 24  # a tiny vocabulary: random drafts get accepted now and then, and distributions are testable

@@ -11,7 +11,7 @@ from dspark_ggml.engine import Engine
 from dspark_ggml.errors import AbortedError, ContextFullError
 from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 
 V = 24
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from dspark_ggml.tiny import TargetConfig, write_target
+from tests.tiny_models import TargetConfig, write_target
 from tests.gguf_fuzz import Base, default_bases, run
 from tests.gguf_mutate import mutate, parse, serialize
 

@@ -16,7 +16,7 @@ from dspark_ggml.engine import Engine
 from dspark_ggml.errors import DSparkError
 from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams, sample_rows
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 
 V, N_SEQ, N_CTX, N_BATCH = 24, 3, 64, 16
 PROMPT = [3, 17, 5, 9, 1]

@@ -18,7 +18,7 @@ from dspark_ggml.errors import DSparkError, InvalidArgumentError
 from dspark_ggml.model import Model
 from dspark_ggml.speculative import resolve_method
 from dspark_ggml.stops import StopStringMatcher
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 from dspark_ggml.tokenizer import Tokenizer
 from tests.gguf_edit import rewrite_gguf
 

@@ -18,7 +18,7 @@ from dspark_ggml.errors import FileFormatError, InvalidArgumentError, Unsupporte
 from dspark_ggml.model import Model
 from dspark_ggml.quant import dequantize, quantize
 from dspark_ggml.sampling import SamplingParams
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft
 from tests.gguf_edit import rewrite_gguf
 
 QT = gguf.GGMLQuantizationType
@@ -173,7 +173,7 @@ def test_dequantize_of_an_exact_buffer_matches_the_values():
 # ---- context options ggml would abort on -----------------------------------------------------------
 
 def test_quantized_kv_cache_needs_whole_blocks_per_head(tmp_path):
-    from dspark_ggml.tiny import write_target
+    from tests.tiny_models import write_target
 
     cfg = TargetConfig(n_head=6, n_head_kv=3, head_dim=16, n_embd=96)  # K rows of 48: heads of 16 values
     write_target(tmp_path / "h16.gguf", cfg, seed=1)

@@ -1,4 +1,4 @@
-"""Self-tests of tests/reference (the numpy oracles) and of dspark_ggml.tiny (the random GGUFs).
+"""Self-tests of tests/reference (the numpy oracles) and of tests/tiny_models.py (the random GGUFs).
 
 * TargetRef == Hugging Face transformers (qwen3 / llama / qwen2, rope variants) on the same weights;
   incremental forward + truncate == one-shot forward.
@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover
     torch = transformers = None
 needs_torch = pytest.mark.skipif(torch is None, reason="torch + transformers not installed")
 
-from dspark_ggml.tiny import (  # noqa: E402
+from tests.tiny_models import (  # noqa: E402
     MASK_TOKEN,
     DraftConfig,
     TargetConfig,

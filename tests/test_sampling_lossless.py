@@ -23,7 +23,7 @@ from dspark_ggml.errors import InvalidArgumentError
 from dspark_ggml.llm import LLM
 from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 from tests.gguf_edit import rewrite_gguf
 
 V = 24

@@ -23,7 +23,7 @@ from dspark_ggml.engine import Engine  # noqa: E402
 from dspark_ggml.errors import DSparkError  # noqa: E402
 from dspark_ggml.model import Model  # noqa: E402
 from dspark_ggml.sampling import SamplingParams  # noqa: E402
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft  # noqa: E402
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft  # noqa: E402
 from tests.gguf_edit import rewrite_gguf  # noqa: E402
 
 N_NEW = 48

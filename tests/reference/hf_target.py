@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import transformers
 
-from dspark_ggml.tiny import LLAMA3_ROPE, TargetConfig
+from tests.tiny_models import LLAMA3_ROPE, TargetConfig
 
 
 

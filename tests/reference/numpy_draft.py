@@ -7,7 +7,7 @@
 
 Dimensions: T rows, N stored cells, B = n_block, E n_embd, V target vocab, Vd draft vocab,
 L = len(target_layers), R markov rank, H/Hkv heads, D head_dim. Weights are numpy [out, in]
-(dspark_ggml.tiny's orientation): y = x @ W.T; ggml {in, out} is numpy [out, in].
+(tests/tiny_models.py's orientation): y = x @ W.T; ggml {in, out} is numpy [out, in].
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import math
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
-from dspark_ggml.tiny import DraftConfig, TargetConfig
+from tests.tiny_models import DraftConfig, TargetConfig
 
 from .common import RopeParams, apply_rope, attention, gelu_tanh, rms_norm, sigmoid, silu, swiglu_ffn
 

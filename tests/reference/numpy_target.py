@@ -4,7 +4,7 @@ One sequence, full causal attention over a stored KV history, so `forward` can b
 incrementally (prefill, then a token at a time) and `truncate` rolls the history back.
 
 Dimensions: T tokens in the call, N cells in the history, E n_embd, V n_vocab, H/Hkv heads,
-D head_dim, F n_ff. Weights are numpy [out, in] (dspark_ggml.tiny's orientation): y = x @ W.T.
+D head_dim, F n_ff. Weights are numpy [out, in] (tests/tiny_models.py's orientation): y = x @ W.T.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import math
 from typing import Dict, List, Mapping, Tuple
 
 import numpy as np
-from dspark_ggml.tiny import TargetConfig
+from tests.tiny_models import TargetConfig
 
 from .common import RopeParams, apply_rope, attention, rms_norm, swiglu_ffn
 

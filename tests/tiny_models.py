@@ -1,9 +1,9 @@
 """Tiny random-weight GGUF models: targets (qwen3, llama, qwen2) and DFlash / DSpark drafts.
 
-Used by the tests (small models compared against the numpy references), by the benchmarks (a
-~0.6B-parameter random Qwen3 for speed runs) and by the README.
+Test tooling, not part of the installed package: used by the tests (small models compared against
+the numpy references) and the benchmarks (a ~0.6B-parameter random Qwen3 for speed runs).
 
-    from dspark_ggml.tiny import TargetConfig, DraftConfig, write_target, write_draft
+    from tests.tiny_models import TargetConfig, DraftConfig, write_target, write_draft
     tw = write_target("t.gguf", TargetConfig(arch="qwen3"), seed=0)
     dw = write_draft("d.gguf", DraftConfig(kind="dspark", markov_head_type="gated"), TargetConfig(), seed=1)
 
@@ -622,7 +622,7 @@ def _encode(values: np.ndarray, qtype: QT) -> np.ndarray:
     if qtype == QT.F16:
         return values.astype(np.float16)
     if qtype in _NATIVE_QUANT:
-        from .quant import quantize
+        from dspark_ggml.quant import quantize
         return quantize(values, _NATIVE_QUANT[qtype])
     return quants.quantize(values.astype(np.float32), qtype)
 
@@ -633,7 +633,7 @@ def _decode(stored: np.ndarray, qtype: QT) -> np.ndarray:
     if qtype in (QT.F32, QT.F16):
         return stored.astype(np.float32)
     if qtype in _NATIVE_QUANT:
-        from .quant import dequantize
+        from dspark_ggml.quant import dequantize
         shape = tuple(quants.quant_shape_from_byte_shape(stored.shape, qtype))
         return dequantize(stored, _NATIVE_QUANT[qtype], shape)
     return quants.dequantize(stored, qtype).astype(np.float32)
