@@ -143,6 +143,21 @@ static ggml_tensor * confidence(const dspark_graph & g, const dflash_model & m, 
     return c;
 }
 
+// The P slot tensors [V, n_blocks] as one block-major [V, P·n_blocks]. Built from copies, never by
+// writing into the base logits in place: those may be computed by another backend (a head on the
+// target's device), and an in-place op on a tensor of another backend's split writes through a
+// pointer that is not its own buffer (a segfault on Vulkan).
+static ggml_tensor * stack_slots(ggml_context * ctx, const std::vector<ggml_tensor *> & slots, int n_blocks) {
+    ggml_tensor * all = slots[0];
+    for (size_t j = 1; j < slots.size(); ++j) {
+        all = ggml_concat(ctx, all, slots[j], 1);                                    // [V, n_blocks·(j+1)], slot-major
+    }
+    const int64_t V = all->ne[0], P = (int64_t) slots.size();
+    ggml_tensor * t = ggml_reshape_3d(ctx, all, V, n_blocks, P);
+    t = ggml_cont(ctx, ggml_permute(ctx, t, 0, 2, 1, 3));                             // [V, P, n_blocks]
+    return ggml_reshape_2d(ctx, t, V, P * n_blocks);
+}
+
 // DSpark chain over the P predicting slots: slot j's logits get W2·W1[prev] (head-dependent), and
 // prev becomes the token picked from the biased logits. prev starts at each block's anchor, read
 // as a strided view of the token input. Returns the biased logits (when asked for) [Vd, P·n_blocks].
@@ -152,7 +167,7 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
     ggml_context * ctx = g.ctx;
     ggml_tensor * prev = chain_anchors(ctx, io, n_blocks, block_len);
     ggml_tensor * s = chain_state(ctx, m, n_blocks);
-    ggml_tensor * out = logits;
+    std::vector<ggml_tensor *> biased_slots;
     for (int j = 0; j < P; ++j) {
         ggml_tensor * e = ggml_get_rows(ctx, m.markov_w1, prev);  // [R, n_blocks]
         ggml_tensor * h = ggml_cont(ctx, slot_view(ctx, hid, j, P, n_blocks));
@@ -167,11 +182,9 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
         prev = tok;
-        if (want_logits) {
-            out = ggml_set_2d_inplace(ctx, out, biased, logits->nb[1] * P, logits->nb[1] * j);
-        }
+        biased_slots.push_back(biased);
     }
-    return out;
+    return want_logits ? stack_slots(ctx, biased_slots, n_blocks) : logits;
 }
 
 // The same chain restricted to each slot's top-k base candidates: the bias W2·r is computed for
