@@ -177,3 +177,36 @@ def test_draft_on_another_device_than_the_target(files, accel):
     assert (target.device, draft.device) == ("CPU", accel.name)
     sp = SamplingParams(max_tokens=24)
     assert _run(target, draft, sp) == _run(target, None, sp)
+
+
+# ---- placement (runs on any build) -----------------------------------------------------------------
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from dspark_ggml.cli import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_the_draft_goes_where_it_is_told(files, capsys):
+    import json
+
+    target_path, drafts = files
+    cpu = str(_cpu())
+    base = ["generate", "-m", str(target_path), "-md", str(drafts["dspark"]), "--prompt-tokens", "3,17,5",
+            "-n", "4", "-t", "1", "--json"]
+    rc, out, err = _cli(capsys, *base, "--device", cpu, "-devd", cpu)
+    assert rc == 0, err
+    d = json.loads(out)
+    assert (d["device"], d["draft_device"]) == ("CPU", "CPU")
+    assert "t.gguf on CPU + dspark.gguf on CPU" in err
+    n = len(devices())
+    rc, _, err = _cli(capsys, *base, "-devd", str(n))
+    assert rc != 0 and f"device index {n} out of range" in err
+
+
+def test_the_draft_defaults_to_the_targets_device(files):
+    target_path, drafts = files
+    target = Model(target_path, device=_cpu())
+    assert DraftModel(drafts["dflash"], target).device == target.device == "CPU"
