@@ -33,3 +33,28 @@ def make_target(model_dir: Path) -> Callable[..., tuple[Path, dict, TargetConfig
         return cache[name]
 
     return make
+
+
+# ---- devices -------------------------------------------------------------------------------------
+
+def _accelerators() -> list:
+    """Every non-CPU device of this build (Vulkan, CUDA, Metal, ...), in registry order."""
+    from dspark_ggml.system import devices
+
+    return [d for d in devices() if d.type != "cpu"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "device: compares a non-CPU device with the CPU (tests/test_devices.py)")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that takes `accel` runs once per non-CPU device and is skipped where there is none."""
+    if "accel" not in metafunc.fixturenames:
+        return
+    devs = _accelerators()
+    if devs:
+        metafunc.parametrize("accel", devs, ids=[d.name for d in devs])
+    else:
+        metafunc.parametrize("accel", [pytest.param(None, marks=pytest.mark.skip(reason="no non-CPU device"))],
+                             ids=["no-device"])

@@ -183,7 +183,8 @@ DSPARK_API uint64_t     dspark_gguf_tensor_nbytes(const struct dspark_gguf * ggu
 struct dspark_model;
 
 struct dspark_model_params {
-    int32_t device;                   /* index from dspark_device_*; -1 = the first GPU if any, else the CPU */
+    int32_t device;                   /* index from dspark_device_*; -1 = the first GPU if any, else the CPU
+                                         (a draft loaded with a target: -1 = the target's device) */
     int32_t draft_sample_from_anchor; /* drafts: -1 = as the file says; 0 / 1 = force the 1+N / anchor-first layout */
     int32_t draft_layer_offset;       /* drafts: added to every target layer id (to test conversions); default 0 */
     bool    use_mmap;                 /* map the file and compute from it without a copy (CPU); default true */

@@ -2,6 +2,7 @@
 
 #include "dspark-impl.h"
 
+#include <cstdlib>
 #include <mutex>
 
 #if !defined(_WIN32)
@@ -20,10 +21,27 @@ static std::string library_dir() {
     return ".";
 }
 
+// ggml-vulkan 0.25.3 reorders each graph for concurrency (its graph_optimize). With the target and
+// the draft both on one Vulkan device (two backend contexts), the reordered draft graphs crash
+// lavapipe inside FLASH_ATTN_EXT; with the reordering off they run and match the CPU. The device
+// reads the switch once, when it is created, so it is set before any backend exists; a user who
+// sets DSPARK_VK_GRAPH_OPTIMIZE=1 keeps ggml's default.
+static void vulkan_workarounds() {
+    if (getenv("DSPARK_VK_GRAPH_OPTIMIZE") || getenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE")) {
+        return;
+    }
+#if defined(_WIN32)
+    _putenv_s("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1");
+#else
+    setenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1", 0);
+#endif
+}
+
 void dspark_backends_load(const std::string & dir) {
     static std::once_flag once;
     std::call_once(once, [&]() {
         dspark_log_install_ggml_hook();
+        vulkan_workarounds();
 #ifdef GGML_BACKEND_DL
         const std::string d = dir.empty() ? library_dir() : dir;
         ggml_backend_load_all_from_path(d.c_str());

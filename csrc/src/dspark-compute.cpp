@@ -10,6 +10,9 @@ dspark_compute::~dspark_compute() {
     if (sched) {
         ggml_backend_sched_free(sched);
     }
+    for (ggml_backend_t b : backends_also) {
+        ggml_backend_free(b);
+    }
     if (backend_cpu && backend_cpu != backend) {
         ggml_backend_free(backend_cpu);
     }
@@ -18,16 +21,25 @@ dspark_compute::~dspark_compute() {
     }
 }
 
-void dspark_compute::init(ggml_backend_dev_t dev, int n_threads, size_t max_nodes_) {
+void dspark_compute::init(ggml_backend_dev_t dev, int n_threads, size_t max_nodes_,
+                          const std::vector<ggml_backend_dev_t> & also) {
     max_nodes = max_nodes_;
     backend = dspark_backend_init(dev);
     backend_cpu = dspark_device_is_cpu(dev) ? backend : dspark_backend_init(dspark_device_cpu());
+    // The model's device first (the scheduler prefers earlier backends), the CPU last (its fallback).
+    std::vector<ggml_backend_t> backends;
+    if (backend != backend_cpu) {
+        backends.push_back(backend);
+    }
+    for (ggml_backend_dev_t d : also) {
+        if (d && d != dev && !dspark_device_is_cpu(d)) {
+            backends_also.push_back(dspark_backend_init(d));
+            backends.push_back(backends_also.back());
+        }
+    }
+    backends.push_back(backend_cpu);
     set_threads(n_threads);
 
-    std::vector<ggml_backend_t> backends = {backend};
-    if (backend_cpu != backend) {
-        backends.push_back(backend_cpu);  // the scheduler's fallback must come last
-    }
     sched = ggml_backend_sched_new(backends.data(), nullptr, (int) backends.size(), max_nodes, false, true);
     if (!sched) {
         dspark_throw(DSPARK_STATUS_INTERNAL, "failed to create the backend scheduler");
@@ -39,6 +51,9 @@ void dspark_compute::set_threads(int n_threads) {
     dspark_backend_set_threads(backend_cpu, n_threads);
     if (backend != backend_cpu) {
         dspark_backend_set_threads(backend, n_threads);
+    }
+    for (ggml_backend_t b : backends_also) {
+        dspark_backend_set_threads(b, n_threads);
     }
 }
 
@@ -63,7 +78,10 @@ void dspark_compute::set_abort_flag(const std::atomic<bool> * flag) {
 
 void dspark_compute::install_abort() {
     const bool any = abort_fn || abort_flag;
-    for (ggml_backend_t b : {backend, backend_cpu}) {
+    std::vector<ggml_backend_t> all = backends_also;
+    all.push_back(backend);
+    all.push_back(backend_cpu);
+    for (ggml_backend_t b : all) {
         ggml_backend_dev_t dev = ggml_backend_get_device(b);
         ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
         auto set = reg ? (ggml_backend_set_abort_callback_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_abort_callback")
@@ -124,4 +142,17 @@ dspark_abort_request::~dspark_abort_request() {
 void dspark_abort_request::link(dspark_compute * c) {
     c->set_abort_flag(&requested);
     linked.push_back(c);
+}
+
+// Observing every node makes the scheduler submit the graph one node at a time, and the callback
+// waits for each before the next is submitted.
+static bool sync_node(ggml_tensor * /*t*/, bool ask, void * self) {
+    if (!ask) {
+        ggml_backend_synchronize(((dspark_compute *) self)->backend);
+    }
+    return true;
+}
+
+void dspark_compute::sync_every_node() {
+    ggml_backend_sched_set_eval_callback(sched, sync_node, this);
 }

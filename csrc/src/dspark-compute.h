@@ -15,6 +15,7 @@ typedef bool (*dspark_abort_fn)(void * data);
 struct dspark_compute {
     ggml_backend_t              backend     = nullptr;  // the model's device
     ggml_backend_t              backend_cpu = nullptr;  // same as backend on CPU-only runs
+    std::vector<ggml_backend_t> backends_also;          // of init's `also` devices
     ggml_backend_sched_t        sched       = nullptr;
     size_t                      max_nodes   = 0;
 
@@ -23,7 +24,9 @@ struct dspark_compute {
     dspark_compute(const dspark_compute &) = delete;
     dspark_compute & operator=(const dspark_compute &) = delete;
 
-    void init(ggml_backend_dev_t dev, int n_threads, size_t max_nodes);
+    // `also`: other devices holding tensors the graphs read (a draft's borrowed target weights);
+    // the scheduler gets a backend for each so those reads work wherever the models live.
+    void init(ggml_backend_dev_t dev, int n_threads, size_t max_nodes, const std::vector<ggml_backend_dev_t> & also = {});
     void set_threads(int n_threads);
     void set_abort(dspark_abort_fn fn, void * data);
     // A stop flag read at every graph node like the abort callback, but without calling out: what
@@ -46,6 +49,10 @@ struct dspark_compute {
     void compute(ggml_cgraph * gf);
 
     bool device_supports(const ggml_tensor * op) const;
+
+    // Run graphs one node at a time, waiting for each: a workaround for backends that race
+    // (see dspark_draft_context), at the cost of one submission per node.
+    void sync_every_node();
 
   private:
     std::vector<uint8_t> meta;

@@ -6,7 +6,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <set>
+#include <string>
+
+// ggml-vulkan 0.25.3 on lavapipe: when the target's and the draft's graphs alternate on one Vulkan
+// device, the draft's graphs crash the driver now and then (a segfault in a worker thread, or heap
+// corruption: an out-of-bounds write). Submitting them node by node, each waited for, never did
+// in our runs; each model alone on the device, or the draft on another device, never crashed.
+static bool vulkan_shared_with_target(const dspark_model & m) {
+    ggml_backend_dev_t dev = m.device();
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    const bool vulkan = reg && std::string(ggml_backend_reg_name(reg)) == "Vulkan";
+    return vulkan && m.borrowed && m.borrowed->device() == dev && !getenv("DSPARK_VK_NO_NODE_SYNC");
+}
 
 dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_context_params & p) : dspark_runtime(m) {
     if (!model.draft) {
@@ -15,7 +28,9 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     params = dspark_resolve_context_params(p, hp().n_ctx_train);
     // a block of every sequence must fit next to a full context: its cells are temporary
     const uint32_t n_cells = params.n_ctx + params.n_seq_max * (uint32_t) hp().block_size;
-    compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 128);
+    const std::vector<ggml_backend_dev_t> target_dev = {model.borrowed ? model.borrowed->device() : nullptr};
+    compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 128,
+                 target_dev);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
     dspark_check_kv_type(kv_type, hp().head_dim);
     kv.init(ggml_backend_get_default_buffer_type(compute.backend), std::vector<int64_t>(hp().n_layer, hp().n_embd_kv()), kv_type,
@@ -23,6 +38,9 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     flash_attn = params.flash_attn != DSPARK_FLASH_ATTN_OFF;  // CPU and GPU backends run it for these shapes
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
     pad_odd_columns = dspark_device_is_cpu(model.device());
+    if (vulkan_shared_with_target(model)) {
+        compute.sync_every_node();
+    }
 
     if (!model.d2t.empty()) {
         ggml_init_params ip = { /*.mem_size =*/ ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };

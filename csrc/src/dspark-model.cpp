@@ -67,7 +67,8 @@ dspark_model * dspark_model_load_draft(const std::string & path, const dspark_mo
     m->draft->load(*m->weights, target ? target->target.get() : nullptr, target ? target->path() : "",
                    params.draft_sample_from_anchor, params.draft_layer_offset);
     m->weights->warn_unused();
-    ggml_backend_dev_t dev = target ? target->device() : dspark_device_pick(params.device);
+    // -1 with a target: the target's device, so by default both models share one device
+    ggml_backend_dev_t dev = target && params.device == -1 ? target->device() : dspark_device_pick(params.device);
     m->weights->load(dev, params.use_mmap, params.cpu_repack, {"token_embd.weight", "markov_w1.weight"});
     if (m->draft->d2t) {
         m->d2t = read_d2t(*m);

@@ -57,12 +57,17 @@ def _load() -> tuple[Any, Any]:
     from cffi import FFI
 
     ffi = FFI()
-    ffi.cdef(cdef_from_header(header_path().read_text()))
+    header = header_path().read_text()
+    ffi.cdef(cdef_from_header(header))
     name = _LIB_NAMES.get(sys.platform, "libdspark.so")
     path = lib_dir() / name
     if not path.exists():
         raise DSparkError(f"native library not found at {path}")
     lib = ffi.dlopen(str(path))
+    # Resolve the freeing functions now: a handle's __del__ can run during garbage collection while
+    # this thread holds cffi's (non-reentrant) lock, and a first lookup there waits for it forever.
+    for name in set(re.findall(r"\b(dspark_\w+_(?:free|close))\s*\(", header)):
+        getattr(lib, name)
     lib.dspark_backend_load_all(str(path.parent).encode())
     return ffi, lib
 

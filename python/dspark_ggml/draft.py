@@ -46,7 +46,8 @@ class DraftModel(Model):
         path: the draft GGUF (arch ``dflash``).
         target: the target :class:`Model` it drafts for (it borrows the target's embeddings and lm
             head when it has none). May be None only for a draft with its own embeddings and head.
-        device, use_mmap: as for :class:`Model`; with a target, the target's device is used.
+        device, use_mmap: as for :class:`Model`, except that with a target -1 (default) means the
+            target's device.
         sample_from_anchor: override the file's block layout (None: as the file says).
         layer_offset: added to every target layer id the file names (default 0). The two overrides
             exist to test a conversion (``dspark-ggml check``).

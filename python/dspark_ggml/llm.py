@@ -55,6 +55,7 @@ class LLM:
         type_kv: KV cache type: "f16" (default), "f32", "bf16" or "q8_0".
         flash_attn: "auto" (default), True or False.
         device: device index (dspark_ggml.devices()); -1 (default) = the first GPU, else the CPU.
+        draft_device: the draft's device index; None (default) = the target's device.
         use_mmap: compute from the memory-mapped files (CPU). Default True.
 
     Raises:
@@ -86,7 +87,7 @@ class LLM:
                  n_outputs_max_per_seq: int | None = None, n_threads: int | None = None,
                  type_kv: str = "f16", flash_attn: bool | str = "auto",
                  # model
-                 device: int = -1, use_mmap: bool = True) -> None:
+                 device: int = -1, draft_device: int | None = None, use_mmap: bool = True) -> None:
         self._resources = ExitStack()
         self._interrupt = Interrupt()
         self._stream: weakref.ReferenceType[Generator[GenerationChunk, None, None]] | None = None
@@ -94,7 +95,7 @@ class LLM:
         try:
             self.model = self._keep(Model(model_path, device=device, use_mmap=use_mmap))
             self.tokenizer = _load_tokenizer(os.fspath(model_path))
-            self.draft_model = self._load_draft(draft_model_path, config, device, use_mmap)
+            self.draft_model = self._load_draft(draft_model_path, config, draft_device, use_mmap)
             kind = self.draft_model.info.kind if self.draft_model else None
             draft_name = None if draft_model_path is None else os.fspath(draft_model_path)
             method = resolve_method(config.method, kind, draft_name)
@@ -117,11 +118,12 @@ class LLM:
         self._resources.callback(obj.close)
         return obj
 
-    def _load_draft(self, path: str | os.PathLike[str] | None, config: SpeculativeConfig, device: int,
+    def _load_draft(self, path: str | os.PathLike[str] | None, config: SpeculativeConfig, device: int | None,
                     use_mmap: bool) -> DraftModel | None:
         if path is None or config.method == "none":
             return None  # "none" does not even load a draft it was given
-        return self._keep(DraftModel(path, self.model, device=device, use_mmap=use_mmap))
+        # -1 asks for the target's device
+        return self._keep(DraftModel(path, self.model, device=-1 if device is None else device, use_mmap=use_mmap))
 
     def _verify_block(self) -> int:
         """Tokens one sequence verifies per step: its draft tokens plus the target's own."""

@@ -225,6 +225,21 @@ static ggml_tensor * top_k_biased(const dspark_graph & g, const dflash_model & m
     return ggml_add(ctx, ggml_cont(ctx, slot_view(ctx, cand_logits, j, P, n_blocks)), bias);  // [K, n_blocks]
 }
 
+// The P slot tensors [V, n_blocks] as one block-major [V, P·n_blocks]. Built from copies, never by
+// writing into the base logits in place: those may be computed by another backend (a head on the
+// target's device), and an in-place op on a tensor of another backend's split writes through a
+// pointer that is not its own buffer (a segfault on Vulkan).
+static ggml_tensor * stack_slots(ggml_context * ctx, const std::vector<ggml_tensor *> & slots, int n_blocks) {
+    ggml_tensor * all = slots[0];
+    for (size_t j = 1; j < slots.size(); ++j) {
+        all = ggml_concat(ctx, all, slots[j], 1);                                    // [V, n_blocks·(j+1)], slot-major
+    }
+    const int64_t V = all->ne[0], P = (int64_t) slots.size();
+    ggml_tensor * t = ggml_reshape_3d(ctx, all, V, n_blocks, P);
+    t = ggml_cont(ctx, ggml_permute(ctx, t, 0, 2, 1, 3));                             // [V, P, n_blocks]
+    return ggml_reshape_2d(ctx, t, V, P * n_blocks);
+}
+
 // DSpark chain over the P predicting slots: slot j's logits get W2·W1[prev] (head-dependent), and
 // prev becomes the token picked from the biased logits. prev starts at each block's anchor, read
 // as a strided view of the token input. With top_k > 0 (argmax drafting) the bias goes to each
@@ -238,7 +253,7 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
     ggml_tensor * cand_logits = cand ? dspark_gather_cols(ctx, logits, cand) : nullptr;  // [K, P·n_blocks]
     ggml_tensor * prev = chain_anchors(ctx, io, n_blocks, block_len);
     ggml_tensor * s = chain_state(ctx, m, n_blocks);
-    ggml_tensor * out = logits;
+    std::vector<ggml_tensor *> biased_slots;
     for (int j = 0; j < P; ++j) {
         ggml_tensor * e = ggml_get_rows(ctx, m.markov_w1, prev);  // [R, n_blocks]
         ggml_tensor * h = ggml_cont(ctx, slot_view(ctx, hid, j, P, n_blocks));
@@ -259,16 +274,14 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
             ggml_tensor * u = io.uniform ? ggml_cont(ctx, ggml_view_2d(ctx, io.uniform, 1, n_blocks, ggml_element_size(io.uniform),
                                                                          io.uniform->nb[1] * j)) : nullptr;
             ids = pick_tokens(io, ctx, biased, u, io.inv_temp, io.greedy);
-            if (want_logits) {
-                out = ggml_set_2d_inplace(ctx, out, biased, logits->nb[1] * P, logits->nb[1] * j);
-            }
+            biased_slots.push_back(biased);
         }
         ggml_tensor * tok = to_target_ids(ctx, ids, d2t_i32);  // [n_blocks]
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
         prev = tok;
     }
-    return out;
+    return want_logits ? stack_slots(ctx, biased_slots, n_blocks) : logits;
 }
 
 // Draft-vocab logits [Vd, n] -> target-vocab logits [V, n]: rows the draft cannot produce are -inf.

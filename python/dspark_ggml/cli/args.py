@@ -40,6 +40,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU threads (default: all hardware threads)")
     g.add_argument("--device", type=int, metavar="INDEX",
                    help="device index (see `dspark-ggml info`); -1 = first GPU, else CPU (default: -1)")
+    g.add_argument("-devd", "--device-draft", dest="draft_device", type=int, metavar="INDEX",
+                   help="the draft's device index (default: the target's device)")
     g.add_argument("--type-kv", choices=("f16", "f32", "bf16", "q8_0"), help="KV cache type (default: f16)")
     g.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"),
                    help="flash attention (default: auto)")
@@ -154,7 +156,7 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> LLM:
 
     target, draft = model_paths(args)
     check_model_arguments(args)
-    names = ("n_ctx", "n_batch", "n_threads", "device", "type_kv")
+    names = ("n_ctx", "n_batch", "n_threads", "device", "draft_device", "type_kv")
     options: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.flash_attn is not None:
         options["flash_attn"] = {"auto": "auto", "on": True, "off": False}[args.flash_attn]
@@ -163,9 +165,10 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> LLM:
               use_mmap=not args.no_mmap, **options, **extra)
     draft_text = ""
     if draft is not None and llm.draft_model is not None:
-        draft_text = f" + {os.path.basename(draft)} ({llm.method}, {llm.n_draft} draft tokens/step)"
+        draft_text = (f" + {os.path.basename(draft)} on {llm.draft_model.device} "
+                      f"({llm.method}, {llm.n_draft} draft tokens/step)")
     seconds = time.perf_counter() - t0
-    print(f"loaded {os.path.basename(target)}{draft_text} in {seconds:.2f} s", file=sys.stderr)
+    print(f"loaded {os.path.basename(target)} on {llm.model.device}{draft_text} in {seconds:.2f} s", file=sys.stderr)
     return llm
 
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# CI step: a second, Vulkan-enabled copy of the package (its own venv and build directory) on
+# Mesa's lavapipe, and the device tests on Vulkan0. Fails when the device is missing rather than
+# letting the tests skip. About 7 minutes on 2 cores, most of it compiling ggml's shaders.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+vk_opts=$(tools/vulkan_setup.sh)
+ggml_tree=$(python3 third_party/llama_cpp_sdist.py extract ggml)
+
+python3 -m venv .venv-vulkan
+# shellcheck disable=SC2086
+.venv-vulkan/bin/pip install -q ".[test]" -Cbuild-dir=build/ci-vulkan \
+    -Ccmake.define.DSPARK_GGML_SOURCE_DIR="$ggml_tree" -Ccmake.define.GGML_VULKAN=ON $vk_opts
+
+export GGML_VK_VISIBLE_DEVICES=0   # lavapipe is a CPU-type device, which ggml hides otherwise
+.venv-vulkan/bin/dspark-ggml info --system | tee /dev/stderr | grep -q "Vulkan0" \
+    || { echo "no Vulkan0 device: the device tests would only skip" >&2; exit 1; }
+# A hang in a driver is a failure too: dump the stacks and stop.
+timeout 1800 .venv-vulkan/bin/python -m pytest -q -m device tests/test_devices.py -o faulthandler_timeout=900 \
+    -p no:cacheprovider
