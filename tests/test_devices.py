@@ -15,7 +15,7 @@ from dspark_ggml.engine import Engine
 from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams
 from dspark_ggml.system import devices
-from dspark_ggml.tiny import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 
 pytestmark = pytest.mark.device
 
