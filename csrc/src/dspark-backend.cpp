@@ -1,5 +1,7 @@
 #include "dspark-backend.h"
 
+#include <cstring>
+
 #include "dspark-impl.h"
 
 #include <cstdlib>
@@ -115,4 +117,24 @@ void dspark_backend_set_threads(ggml_backend_t backend, int n_threads) {
     if (fn) {
         fn(backend, n_threads);
     }
+}
+
+std::string dspark_backend_system_info() {
+    dspark_backends_load();
+    std::string s = "ggml " + std::string(ggml_version()) + " (" + ggml_commit() + ")";
+    for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
+        ggml_backend_reg_t reg = ggml_backend_reg_get(i);
+        s += std::string(i ? ", " : "; backends: ") + ggml_backend_reg_name(reg);
+        auto get_features = (ggml_backend_get_features_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features");
+        if (get_features) {
+            std::string feats;
+            for (ggml_backend_feature * f = get_features(reg); f && f->name; ++f) {
+                feats += std::string(feats.empty() ? "" : " ") + f->name + (strcmp(f->value, "1") ? std::string("=") + f->value : "");
+            }
+            if (!feats.empty()) {
+                s += " [" + feats + "]";
+            }
+        }
+    }
+    return s;
 }

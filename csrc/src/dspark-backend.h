@@ -19,3 +19,7 @@ bool               dspark_device_is_cpu(ggml_backend_dev_t dev);
 // Initialise a backend on a device; throws with the device name on failure.
 ggml_backend_t dspark_backend_init(ggml_backend_dev_t dev);
 void           dspark_backend_set_threads(ggml_backend_t backend, int n_threads);
+
+// "ggml <version> (<commit>); backends: CPU [AVX2 ...], ...": the version and every backend with
+// the features it reports (loads the backends first).
+std::string dspark_backend_system_info();

@@ -17,6 +17,19 @@ int32_t dspark_clamp_n_draft(const dflash_hparams & dh, int32_t n_max) {
     return n_max > 0 ? std::min(n_max, dh.max_draft()) : dh.max_draft();
 }
 
+const dspark_seq_state & dspark_engine::seq(int32_t seq_id) const {
+    auto it = seqs.find(seq_id);
+    if (it == seqs.end()) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d is not known to the engine", seq_id);
+    }
+    return it->second;
+}
+
+int32_t dspark_engine::status(int32_t seq_id) const {
+    auto it = seqs.find(seq_id);
+    return it == seqs.end() ? DSPARK_SEQ_IDLE : it->second.status;
+}
+
 // ---- setup --------------------------------------------------------------------------------------
 
 dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & p)
@@ -130,6 +143,12 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
     }
     if (!r.prompt || r.n_prompt < 1) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the prompt needs at least one token");
+    }
+    for (int32_t i = 0; i < r.n_prompt; ++i) {
+        if (r.prompt[i] < 0 || r.prompt[i] >= tgt.hp().n_vocab) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "prompt token %d at index %d is outside the vocabulary (0 .. %d)",
+                         r.prompt[i], i, tgt.hp().n_vocab - 1);
+        }
     }
     if ((uint32_t) r.n_prompt >= tgt.params.n_ctx) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "a prompt of %d tokens does not fit in n_ctx (%u)", r.n_prompt, tgt.params.n_ctx);

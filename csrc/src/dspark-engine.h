@@ -50,7 +50,9 @@ struct dspark_engine {
 
     dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & params);
 
-    void add(int32_t seq_id, const dspark_request & req);  // prefill and the first token
+    void add(int32_t seq_id, const dspark_request & req);  // prefill and the first token (validates req)
+    const dspark_seq_state & seq(int32_t seq_id) const;     // throws for an unknown sequence
+    int32_t status(int32_t seq_id) const;                   // DSPARK_SEQ_IDLE for an unknown one
     int32_t step();                                         // returns the number of active sequences
     void remove(int32_t seq_id);
 

@@ -3,6 +3,8 @@
 #include "dspark-impl.h"
 
 #include "dspark-graph.h"
+#include "dspark-backend.h"
+#include "dspark-compute.h"
 
 #include <algorithm>
 #include <cmath>
@@ -180,6 +182,25 @@ ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggm
     }
     return ggml_reshape_1d(ctx, dspark_gather_cols(ctx, ids, idx), r);
 }
+
+void dspark_sample_rows_in_graph(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
+                                 const dspark_sampler_params & sp, dspark_token * out) {
+    dspark_compute c;
+    c.init(dspark_device_cpu(), 1, 256);
+    ggml_context * ctx = c.begin();
+    ggml_cgraph * gf = c.new_graph(ctx);
+    ggml_tensor * x = dspark_graph_input(ctx, GGML_TYPE_F32, n_vocab, n_rows, "logits");
+    ggml_tensor * uu = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_rows, "u");
+    ggml_tensor * ids = dspark_build_sampler(ctx, x, uu, sp);
+    ggml_set_output(ids);
+    ggml_build_forward_expand(gf, ids);
+    c.alloc(gf);
+    dspark_set_input(x, logits, sizeof(float) * (size_t) n_rows * n_vocab);
+    dspark_set_input(uu, u, sizeof(float) * n_rows);
+    c.compute(gf);
+    ggml_backend_tensor_get(ids, out, 0, sizeof(int32_t) * n_rows);
+}
+
 
 size_t dspark_sampler_graph_size() {
     static const size_t n = [] {

@@ -54,6 +54,11 @@ int32_t dspark_argmax(const float * logits, int n_vocab);
 ggml_tensor * dspark_build_sampler(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, const dspark_sampler_params & p,
                                    ggml_tensor * probe = nullptr, ggml_tensor ** probe_prob = nullptr);
 
+// The in-graph sampler run on given rows [n_rows][n_vocab] with uniforms u, on the CPU backend
+// (what dspark_sample_rows(in_graph) offers for testing it against the host sampler).
+void dspark_sample_rows_in_graph(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
+                                 const dspark_sampler_params & sp, dspark_token * out);
+
 // Graph tensors one in-graph sampler (the worst case: top-k, top-p and min-p all on) adds, with the
 // two views that select its rows: what a graph's node budget must reserve per sampled sequence.
 size_t dspark_sampler_graph_size();

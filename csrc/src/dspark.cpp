@@ -6,6 +6,7 @@
 #include "dspark-context.h"
 #include "dspark-draft.h"
 #include "dspark-engine.h"
+#include "dspark-quant.h"
 #include "dspark-sampler.h"
 #include "models/dflash.h"
 #include "dspark-gguf.h"
@@ -92,23 +93,7 @@ int32_t dspark_backend_load_all(const char * dir) {
 const char * dspark_system_info(void) {
     static std::string info;
     guard([&]() {
-        dspark_backends_load();
-        std::string s = "ggml " + std::string(ggml_version()) + " (" + ggml_commit() + ")";
-        for (size_t i = 0; i < ggml_backend_reg_count(); ++i) {
-            ggml_backend_reg_t reg = ggml_backend_reg_get(i);
-            s += std::string(i ? ", " : "; backends: ") + ggml_backend_reg_name(reg);
-            auto get_features = (ggml_backend_get_features_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features");
-            if (get_features) {
-                std::string feats;
-                for (ggml_backend_feature * f = get_features(reg); f && f->name; ++f) {
-                    feats += std::string(feats.empty() ? "" : " ") + f->name + (strcmp(f->value, "1") ? std::string("=") + f->value : "");
-                }
-                if (!feats.empty()) {
-                    s += " [" + feats + "]";
-                }
-            }
-        }
-        info = s;
+        info = dspark_backend_system_info();
         return DSPARK_STATUS_OK;
     });
     return info.c_str();
@@ -116,26 +101,10 @@ const char * dspark_system_info(void) {
 
 // ---- quantization ----------------------------------------------------------------------------
 
-static ggml_type type_by_name(const char * name, int64_t n_per_row) {
-    if (name) {
-        for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
-            const char * tn = ggml_type_name((ggml_type) t);
-            if (tn && ggml_get_type_traits((ggml_type) t)->blck_size > 0 && strcasecmp(tn, name) == 0) {
-                if (n_per_row % ggml_blck_size((ggml_type) t) != 0) {
-                    dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "type %s needs rows of a multiple of %lld values, got %lld",
-                                 name, (long long) ggml_blck_size((ggml_type) t), (long long) n_per_row);
-                }
-                return (ggml_type) t;
-            }
-        }
-    }
-    dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown ggml type '%s'", name ? name : "(null)");
-}
-
 int64_t dspark_quant_size(const char * type, int64_t n_rows, int64_t n_per_row) {
     int64_t out = 0;
     const int32_t st = guard([&]() {
-        out = (int64_t) ggml_row_size(type_by_name(type, n_per_row), n_per_row) * n_rows;
+        out = dspark_quant_bytes(type, n_rows, n_per_row);
         return DSPARK_STATUS_OK;
     });
     return st < 0 ? st : out;
@@ -144,18 +113,7 @@ int64_t dspark_quant_size(const char * type, int64_t n_rows, int64_t n_per_row) 
 int64_t dspark_quantize(const char * type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row) {
     int64_t out = 0;
     const int32_t st = guard([&]() {
-        const ggml_type t = type_by_name(type, n_per_row);
-        if (!src || !dst || n_rows < 0 || n_per_row <= 0) {
-            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_quantize: bad buffers or sizes");
-        }
-        // ggml_quantize_chunk asserts on other types; these need no importance matrix
-        static const ggml_type ok[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
-                                       GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
-                                       GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL};
-        if (std::find(std::begin(ok), std::end(ok), t) == std::end(ok) || ggml_quantize_requires_imatrix(t)) {
-            dspark_throw(DSPARK_STATUS_UNSUPPORTED, "quantizing to %s is not supported here", type);
-        }
-        out = (int64_t) ggml_quantize_chunk(t, src, dst, 0, n_rows, n_per_row, nullptr);
+        out = dspark_quantize_rows(type, src, dst, n_rows, n_per_row);
         return DSPARK_STATUS_OK;
     });
     return st < 0 ? st : out;
@@ -163,25 +121,7 @@ int64_t dspark_quantize(const char * type, const float * src, void * dst, int64_
 
 int32_t dspark_dequantize(const char * type, const void * src, size_t src_size, float * dst, int64_t n) {
     return guard([&]() {
-        const ggml_type t = type_by_name(type, n);
-        if (!src || !dst || n < 0) {
-            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_dequantize: bad buffers or size");
-        }
-        // integer and f64 types have no to_float in ggml: calling it would jump through null
-        const ggml_to_float_t to_float = ggml_get_type_traits(t)->to_float;
-        if (t != GGML_TYPE_F32 && !to_float) {
-            dspark_throw(DSPARK_STATUS_UNSUPPORTED, "dequantizing %s is not supported (no float conversion)", type);
-        }
-        const size_t need = ggml_row_size(t, n);
-        if (src_size < need) {
-            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_dequantize: %lld %s values need %zu bytes, the source has %zu",
-                         (long long) n, type, need, src_size);
-        }
-        if (t == GGML_TYPE_F32) {
-            memcpy(dst, src, sizeof(float) * n);
-        } else {
-            to_float(src, dst, n);
-        }
+        dspark_dequantize_values(type, src, src_size, dst, n);
         return DSPARK_STATUS_OK;
     });
 }
@@ -766,25 +706,6 @@ struct dspark_sampling_params dspark_sampling_default_params(void) {
 }
 
 
-// Run the in-graph sampler on given rows, on the CPU backend.
-static void sample_rows_in_graph(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
-                                 const dspark_sampler_params & sp, dspark_token * out) {
-    dspark_compute c;
-    c.init(dspark_device_cpu(), 1, 256);
-    ggml_context * ctx = c.begin();
-    ggml_cgraph * gf = c.new_graph(ctx);
-    ggml_tensor * x = dspark_graph_input(ctx, GGML_TYPE_F32, n_vocab, n_rows, "logits");
-    ggml_tensor * uu = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_rows, "u");
-    ggml_tensor * ids = dspark_build_sampler(ctx, x, uu, sp);
-    ggml_set_output(ids);
-    ggml_build_forward_expand(gf, ids);
-    c.alloc(gf);
-    dspark_set_input(x, logits, sizeof(float) * (size_t) n_rows * n_vocab);
-    dspark_set_input(uu, u, sizeof(float) * n_rows);
-    c.compute(gf);
-    ggml_backend_tensor_get(ids, out, 0, sizeof(int32_t) * n_rows);
-}
-
 int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
                            const struct dspark_sampling_params * params, bool in_graph, dspark_token * out) {
     if (!logits || !u || !out || n_rows < 1 || n_vocab < 1) {
@@ -796,7 +717,7 @@ int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int32_t n_vocab
         const dspark_sampler_params sp = dspark_sampler_from(p);
         if (in_graph) {
             dspark_backends_load();
-            sample_rows_in_graph(logits, n_rows, n_vocab, u, sp, out);
+            dspark_sample_rows_in_graph(logits, n_rows, n_vocab, u, sp, out);
         } else {
             for (int32_t r = 0; r < n_rows; ++r) {
                 out[r] = dspark_sample_host(logits + (size_t) r * n_vocab, n_vocab, sp, u[r]);
@@ -872,15 +793,6 @@ int32_t dspark_engine_add(struct dspark_engine * e, dspark_seq_id seq_id, const 
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
     return guard([&]() {
-        if (req->sampling) {
-            dspark_sampler_from(*req->sampling);  // validates
-        }
-        for (int32_t i = 0; i < req->n_prompt; ++i) {
-            if (req->prompt && (req->prompt[i] < 0 || req->prompt[i] >= e->tgt.hp().n_vocab)) {
-                dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "prompt token %d at index %d is outside the vocabulary (0 .. %d)",
-                             req->prompt[i], i, e->tgt.hp().n_vocab - 1);
-            }
-        }
         e->add(seq_id, *req);
         return DSPARK_STATUS_OK;
     });
@@ -902,24 +814,26 @@ int32_t dspark_engine_step(struct dspark_engine * e) {
 int32_t dspark_engine_get_tokens(const struct dspark_engine * e, dspark_seq_id seq_id, const dspark_token ** tokens,
                                  const uint8_t ** from_draft) {
     if (!e) {
+        dspark_set_last_error("dspark_engine_get_tokens: engine is NULL");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
-    auto it = e->seqs.find(seq_id);
-    if (it == e->seqs.end()) {
-        dspark_set_last_error(dspark_format("sequence %d is not known to the engine", seq_id));
-        return DSPARK_STATUS_INVALID_ARGUMENT;
-    }
-    if (tokens) *tokens = it->second.new_tokens.data();
-    if (from_draft) *from_draft = it->second.new_from_draft.data();
-    return (int32_t) it->second.new_tokens.size();
+    int32_t n = 0;
+    const int32_t st = guard([&]() {
+        const dspark_seq_state & s = e->seq(seq_id);
+        if (tokens) *tokens = s.new_tokens.data();
+        if (from_draft) *from_draft = s.new_from_draft.data();
+        n = (int32_t) s.new_tokens.size();
+        return DSPARK_STATUS_OK;
+    });
+    return st < 0 ? st : n;
 }
 
 int32_t dspark_engine_seq_status(const struct dspark_engine * e, dspark_seq_id seq_id) {
     if (!e) {
+        dspark_set_last_error("dspark_engine_seq_status: engine is NULL");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
-    auto it = e->seqs.find(seq_id);
-    return it == e->seqs.end() ? DSPARK_SEQ_IDLE : it->second.status;
+    return e->status(seq_id);
 }
 
 int32_t dspark_engine_get_stats(const struct dspark_engine * e, dspark_seq_id seq_id, struct dspark_spec_stats * out) {
@@ -927,21 +841,15 @@ int32_t dspark_engine_get_stats(const struct dspark_engine * e, dspark_seq_id se
         dspark_set_last_error("dspark_engine_get_stats: engine and output are required");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
-    if (seq_id < 0) {
-        *out = e->total;
+    return guard([&]() {
+        *out = seq_id < 0 ? e->total : e->seq(seq_id).stats;
         return DSPARK_STATUS_OK;
-    }
-    auto it = e->seqs.find(seq_id);
-    if (it == e->seqs.end()) {
-        dspark_set_last_error(dspark_format("sequence %d is not known to the engine", seq_id));
-        return DSPARK_STATUS_INVALID_ARGUMENT;
-    }
-    *out = it->second.stats;
-    return DSPARK_STATUS_OK;
+    });
 }
 
 int32_t dspark_engine_remove(struct dspark_engine * e, dspark_seq_id seq_id) {
     if (!e) {
+        dspark_set_last_error("dspark_engine_remove: engine is NULL");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
     return guard([&]() {
