@@ -10,7 +10,7 @@ python3 -m venv .venv-asan
 .venv-asan/bin/pip install -q ".[test]" -Ccmake.define.DSPARK_SANITIZE=ON -Cbuild-dir=build/ci-asan
 
 LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)" \
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     .venv-asan/bin/python -m pytest -q -p no:cacheprovider \
     tests/test_gguf_file.py tests/test_load_validation.py tests/test_target.py tests/test_draft.py \
     tests/test_engine.py tests/test_engine_limits.py tests/test_llm.py tests/test_cli.py tests/test_c_api.py \
