@@ -663,13 +663,14 @@ def gemma4_text_config(variant: str, vocab_size: int, ids: dict[str, int]) -> di
 
 
 def make_gemma4_target(out_dir: Path | str, variant: str = "dense", *, seed: int = 50,
-                       dtype: str = "bfloat16") -> Path:
-    """Gemma4ForCausalLM (`gemma4_text`), see `gemma4_text_config` for the variants."""
+                       dtype: str = "bfloat16", **overrides: Any) -> Path:
+    """Gemma4ForCausalLM (`gemma4_text`), see `gemma4_text_config` for the variants; `overrides`
+    replace config fields."""
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     out = _prepare(out_dir)
     ids = write_gemma4_tokenizer(out)
-    config = Gemma4TextConfig(**gemma4_text_config(variant, ids["n_tokens"], ids))
+    config = Gemma4TextConfig(**{**gemma4_text_config(variant, ids["n_tokens"], ids), **overrides})
     model = Gemma4ForCausalLM(config)
     _fill_seeded(model, seed + GEMMA4_VARIANTS.index(variant), dtype)
     model.save_pretrained(str(out))
