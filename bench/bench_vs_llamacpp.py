@@ -41,7 +41,7 @@ def _ours(target: Path, draft: Path | None, prompts: list[str], max_tokens: int,
         return statistics.median(llm.generate(p, max_tokens=max_tokens).stats.tokens_per_second for p in prompts)
 
 
-_EVAL = re.compile(r"^\S*\s*eval time =.*?([\d.]+) tokens per second", re.M)
+_EVAL = re.compile(r"(?<!prompt )eval time =\s+[\d.]+ ms /\s+\d+ runs.*?([\d.]+) tokens per second")
 _SPEC = re.compile(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s")
 
 
