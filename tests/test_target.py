@@ -285,3 +285,15 @@ def test_a_sequence_gets_the_same_logits_whatever_its_neighbours_did(make_target
     mixed.kv_seq_rm(1, 2)  # frees cells below A's newest
     mixed.decode([12, 13], [6, 7], [0, 0], outputs=[True, True])
     assert np.array_equal(mixed.get_logits(), alone.get_logits()[6:8])
+
+
+def test_a_tied_head_runs_from_a_repacked_copy_and_computes_the_same(make_target):
+    """Tied embeddings are both gathered (rows must stay plain) and the lm head (a matmul the CPU
+    repacks): the head gets a repacked copy; the logits agree with the unrepacked model."""
+    path, _, _ = make_target("tied_q4_0", dtype="q4_0", n_embd=256, n_ff=512, head_dim=64, tied_embeddings=True)
+    out = []
+    for repack in (True, False):
+        ctx = Context(Model(path, cpu_repack=repack), n_ctx=64, type_kv="f32", n_threads=1)
+        ctx.decode(PROMPT, outputs=np.ones(len(PROMPT), bool))
+        out.append(ctx.get_logits(copy=True))
+    assert np.abs(out[0] - out[1]).max() <= 1e-2 * np.abs(out[1]).max()

@@ -25,6 +25,11 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
     }
     m->weights->warn_unused();
     m->weights->load(dspark_device_pick(params.device), params.use_mmap, params.cpu_repack, {"token_embd.weight", "per_layer_token_embd.weight"});
+    if (m->target->output == m->target->tok_embd) {  // tied: the lm head's matmuls from a repacked copy
+        if (ggml_tensor * copy = m->weights->repacked_copy("token_embd.weight")) {
+            m->target->output = copy;
+        }
+    }
     return m.release();
 }
 

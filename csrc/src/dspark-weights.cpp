@@ -22,7 +22,11 @@ dspark_weights::~dspark_weights() {
     for (ggml_backend_buffer_t b : buffers) {
         ggml_backend_buffer_free(b);
     }
+    if (copies_ctx) {
+        ggml_free(copies_ctx);
+    }
 }
+
 
 // Types a matmul weight or embedding table may have: those ggml converts to float (and so
 // multiplies and gathers); integer types and f64 have no conversion.
@@ -182,7 +186,7 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack,
     map.reset(new dspark_mmap(file->path));
 
     std::vector<ggml_tensor *> repacked;
-    ggml_backend_buffer_type_t repack_buft = repack && dspark_device_is_cpu(dev) ? cpu_repack_buft(dev) : nullptr;
+    repack_buft = repack && dspark_device_is_cpu(dev) ? cpu_repack_buft(dev) : nullptr;
     if (repack_buft) {
         for (int64_t i = 0; i < file->n_tensors(); ++i) {
             ggml_tensor * t = file->tensor(i);
@@ -253,4 +257,31 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack,
         ggml_backend_tensor_set(t, (const char *) map->addr + file->tensor_file_offset(i), 0, ggml_nbytes(t));
     }
     map.reset();  // the data now lives in the buffers
+}
+
+ggml_tensor * dspark_weights::repacked_copy(const std::string & name) {
+    ggml_tensor * t = file->find_tensor(name);
+    if (!t || !repack_buft || !t->buffer || !repack_supports(dev, repack_buft, t)) {
+        return nullptr;
+    }
+    if (!copies_ctx) {
+        ggml_init_params ip = { /*.mem_size =*/ 8 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+        copies_ctx = ggml_init(ip);
+    }
+    ggml_tensor * copy = ggml_dup_tensor(copies_ctx, t);
+    ggml_format_name(copy, "%s (repacked copy)", name.c_str());
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(repack_buft, ggml_backend_buft_get_alloc_size(repack_buft, copy));
+    if (!buf) {
+        return nullptr;  // the plain tensor still works
+    }
+    buffers.push_back(buf);
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_tallocr talloc = ggml_tallocr_new(buf);
+    if (ggml_tallocr_alloc(&talloc, copy) != GGML_STATUS_SUCCESS) {
+        return nullptr;
+    }
+    const int64_t i = gguf_find_tensor(file->gguf, name.c_str());
+    ggml_backend_tensor_set(copy, (const char *) map->addr + file->tensor_file_offset(i), 0, ggml_nbytes(copy));
+    n_repacked++;
+    return copy;
 }

@@ -46,8 +46,15 @@ struct dspark_weights {
     void load(ggml_backend_dev_t dev, bool use_mmap, bool repack, const std::set<std::string> & gathered);
     size_t n_repacked = 0;
 
+    // After load: a repacked copy of a gathered tensor for its matmuls (a tied embedding table that
+    // is also the lm head), when the CPU repacks its type; null otherwise (use the tensor itself).
+    // llama.cpp duplicates such a tensor the same way.
+    ggml_tensor * repacked_copy(const std::string & name);
+
   private:
     std::set<std::string> used;
+    ggml_backend_buffer_type_t repack_buft = nullptr;  // the CPU's, when load() repacked
+    ggml_context *             copies_ctx  = nullptr;  // tensors of repacked_copy()
     void check_type(const ggml_tensor * t, const std::string & name, int rank, ggml_type type) const;
     void check_mmap_alignment() const;
     void load_repacked(ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & tensors);
