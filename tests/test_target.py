@@ -8,6 +8,7 @@ from dspark_ggml.context import Context
 from dspark_ggml.errors import AbortedError, ContextFullError, InvalidArgumentError
 from dspark_ggml.model import Model
 from tests.reference.numpy_target import TargetRef
+from tests.repack_check import assert_repacking_computes_the_same
 
 ARCHS = ["qwen3", "llama", "qwen2"]
 PROMPT = np.array([3, 17, 42, 99, 5, 260, 7, 1, 64, 128, 31], dtype=np.int32)
@@ -152,12 +153,7 @@ def test_weight_types_load_and_run(make_target, dtype, tol):
 @pytest.mark.parametrize("dtype", ["q4_0", "q4_k"])
 def test_repacked_weights_compute_the_same(make_target, dtype):
     path, w, cfg = make_target(f"q_{dtype}", dtype=dtype, n_embd=256, n_ff=512, head_dim=64)
-    out = []
-    for repack in (True, False):
-        ctx = Context(Model(path, cpu_repack=repack), n_ctx=64, type_kv="f32", n_threads=1)
-        ctx.decode(PROMPT, outputs=np.ones(len(PROMPT), bool))
-        out.append(ctx.get_logits(copy=True))
-    assert np.abs(out[0] - out[1]).max() <= 1e-2 * np.abs(out[1]).max()
+    assert_repacking_computes_the_same(path, PROMPT)
 
 
 def test_flash_and_plain_attention_agree(make_target):
@@ -291,9 +287,4 @@ def test_a_tied_head_runs_from_a_repacked_copy_and_computes_the_same(make_target
     """Tied embeddings are both gathered (rows must stay plain) and the lm head (a matmul the CPU
     repacks): the head gets a repacked copy; the logits agree with the unrepacked model."""
     path, _, _ = make_target("tied_q4_0", dtype="q4_0", n_embd=256, n_ff=512, head_dim=64, tied_embeddings=True)
-    out = []
-    for repack in (True, False):
-        ctx = Context(Model(path, cpu_repack=repack), n_ctx=64, type_kv="f32", n_threads=1)
-        ctx.decode(PROMPT, outputs=np.ones(len(PROMPT), bool))
-        out.append(ctx.get_logits(copy=True))
-    assert np.abs(out[0] - out[1]).max() <= 1e-2 * np.abs(out[1]).max()
+    assert_repacking_computes_the_same(path, PROMPT)

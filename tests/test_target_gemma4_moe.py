@@ -25,6 +25,7 @@ from dspark_ggml.context import Context  # noqa: E402
 from dspark_ggml.errors import DSparkError  # noqa: E402
 from dspark_ggml.model import Model  # noqa: E402
 from tests.gguf_edit import rewrite_gguf  # noqa: E402
+from tests.repack_check import assert_repacking_computes_the_same  # noqa: E402
 
 torch.set_grad_enabled(False)
 
@@ -212,10 +213,4 @@ def test_repacked_expert_weights_compute_the_same(models, case, tmp_path):
     hf_dir, _ = models(case)
     path = tmp_path / f"{case}.q8_0.gguf"
     convert(hf_dir, path, outtype="q8_0", progress=False)
-    prompt = [5, 17, 42, 99, 7, 12, 33, 60, 2, 11]
-    out = []
-    for repack in (True, False):
-        ctx = Context(Model(path, cpu_repack=repack), n_ctx=64, type_kv="f32", n_threads=1)
-        ctx.decode(prompt, outputs=np.ones(len(prompt), bool))
-        out.append(ctx.get_logits(copy=True))
-    assert np.abs(out[0] - out[1]).max() <= 1e-2 * np.abs(out[1]).max()
+    assert_repacking_computes_the_same(path, [5, 17, 42, 99, 7, 12, 33, 60, 2, 11])
