@@ -50,15 +50,17 @@ bool dspark_kv_cache::find_slots(uint32_t n, std::vector<int32_t> & out, const i
     // per sequence of the request, the first cell above its own (and above those chosen here)
     std::vector<uint32_t> above(DSPARK_MAX_SEQ, 0);
     std::bitset<DSPARK_MAX_SEQ> wanted;
+    std::vector<int32_t> wanted_ids;  // the few sequences of the request: the scan below tests only them
     for (uint32_t i = 0; i < n; ++i) {
-        if (owner(i) >= 0) {
+        if (owner(i) >= 0 && !wanted.test(owner(i))) {
             wanted.set(owner(i));
+            wanted_ids.push_back(owner(i));
         }
     }
-    for (uint32_t j = 0; wanted.any() && j < n_cells; ++j) {
+    for (uint32_t j = 0; !wanted_ids.empty() && j < extent; ++j) {  // no used cell lies beyond extent
         if (cells[j].pos >= 0 && (cells[j].seq & wanted).any()) {
-            for (int32_t s = 0; s < DSPARK_MAX_SEQ; ++s) {
-                if (cells[j].seq.test(s) && wanted.test(s)) {
+            for (int32_t s : wanted_ids) {
+                if (cells[j].seq.test(s)) {
                     above[s] = j + 1;
                 }
             }
