@@ -14,8 +14,10 @@ python3 -m venv .venv-vulkan
     -Ccmake.define.DSPARK_GGML_SOURCE_DIR="$ggml_tree" -Ccmake.define.GGML_VULKAN=ON $vk_opts
 
 export GGML_VK_VISIBLE_DEVICES=0   # lavapipe is a CPU-type device, which ggml hides otherwise
-.venv-vulkan/bin/dspark-ggml info --system | tee /dev/stderr | grep -q "Vulkan0" \
-    || { echo "no Vulkan0 device: the device tests would only skip" >&2; exit 1; }
+# (printed from a variable: `tee /dev/stderr` would reopen, and so truncate, a log file CI writes to)
+info=$(.venv-vulkan/bin/dspark-ggml info --system)
+echo "$info"
+grep -q "Vulkan0" <<<"$info" || { echo "no Vulkan0 device: the device tests would only skip" >&2; exit 1; }
 # A hang in a driver is a failure too: dump the stacks and stop.
 timeout 1800 .venv-vulkan/bin/python -m pytest -q -m device tests/test_devices.py -o faulthandler_timeout=900 \
     -p no:cacheprovider
