@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -425,6 +425,44 @@ def _reduced_vocab(gen: torch.Generator, n_vocab: int, n_draft: int
     return ids, d2t, t2d
 
 
+def _speculators_config(target_dir: Path | str, layer_cfg: dict, *, block_size: int,
+                        sample_from_anchor: Optional[bool], draft_vocab_size: int,
+                        aux_hidden_state_layer_ids: Sequence[int], mask_token_id: int, markov_rank: int,
+                        head_type: str, confidence_head: bool, dtype: str) -> dict:
+    """The config.json of a speculators DSpark export around a draft layer config
+    (`sample_from_anchor=None` leaves that field out)."""
+    n_spec = block_size if sample_from_anchor else block_size - 1
+    cfg = {
+        "architectures": ["DSparkDraftModel"],
+        "speculators_model_type": "dspark",
+        "speculators_version": "0.5.0",
+        "speculators_config": {
+            "algorithm": "dspark",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": n_spec,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": str(target_dir),
+                         "architectures": _read_json(Path(target_dir) / "config.json")["architectures"]},
+        },
+        "transformer_layer_config": layer_cfg,
+        "draft_vocab_size": draft_vocab_size,
+        "block_size": block_size,
+        "target_hidden_size": None,
+        "aux_hidden_state_layer_ids": list(aux_hidden_state_layer_ids),
+        "mask_token_id": mask_token_id,
+        "sliding_window_non_causal": False,
+        "markov_rank": markov_rank,
+        "markov_head_type": head_type,
+        "enable_confidence_head": confidence_head,
+        "confidence_head_with_markov": True,
+        "dtype": dtype,
+        "transformers_version": "5.24.0",
+    }
+    if sample_from_anchor is not None:
+        cfg["sample_from_anchor"] = sample_from_anchor
+    return cfg
+
+
 def make_speculators_dspark(out_dir: Path | str, target_dir: Path | str, *,
                             draft_vocab_size: Optional[int] = None,
                             sample_from_anchor: Optional[bool] = True,
@@ -452,36 +490,11 @@ def make_speculators_dspark(out_dir: Path | str, target_dir: Path | str, *,
     for key in ("rope_parameters", "rope_theta"):
         if key in target.config:
             layer_cfg[key] = target.config[key]
-    n_spec = block_size if sample_from_anchor else block_size - 1
-    cfg = {
-        "architectures": ["DSparkDraftModel"],
-        "speculators_model_type": "dspark",
-        "speculators_version": "0.5.0",
-        "speculators_config": {
-            "algorithm": "dspark",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": n_spec,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": str(target_dir), "architectures":
-                         target.config["architectures"]},
-        },
-        "transformer_layer_config": layer_cfg,
-        "draft_vocab_size": n_draft,
-        "block_size": block_size,
-        "target_hidden_size": None,
-        "aux_hidden_state_layer_ids": list(aux_hidden_state_layer_ids),
-        "mask_token_id": target.first_unused_id,
-        "sliding_window_non_causal": False,
-        "markov_rank": markov_rank,
-        "markov_head_type": head_type,
-        "enable_confidence_head": confidence_head,
-        "confidence_head_with_markov": True,
-        "dtype": dtype,
-        "transformers_version": "5.24.0",
-    }
-    if sample_from_anchor is not None:
-        cfg["sample_from_anchor"] = sample_from_anchor
-    _write_json(out / "config.json", cfg)
+    _write_json(out / "config.json", _speculators_config(
+        target_dir, layer_cfg, block_size=block_size, sample_from_anchor=sample_from_anchor,
+        draft_vocab_size=n_draft, aux_hidden_state_layer_ids=aux_hidden_state_layer_ids,
+        mask_token_id=target.first_unused_id, markov_rank=markov_rank, head_type=head_type,
+        confidence_head=confidence_head, dtype=dtype))
 
     w = _Weights(seed, dtype)
     t = _draft_backbone(w, s, len(aux_hidden_state_layer_ids))
@@ -859,36 +872,11 @@ def make_gemma4_speculators_dspark(out_dir: Path | str, target_dir: Path | str, 
     layer_cfg = {"architectures": ["Gemma4ForCausalLM"], **layer_cfg.to_diff_dict()}
     n_vocab = flat["vocab_size"]
     n_draft = draft_vocab_size or n_vocab
-    n_spec = block_size if sample_from_anchor else block_size - 1
-    cfg = {
-        "architectures": ["DSparkDraftModel"],
-        "speculators_model_type": "dspark",
-        "speculators_version": "0.5.0",
-        "speculators_config": {
-            "algorithm": "dspark",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": n_spec,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": str(target_dir),
-                         "architectures": _read_json(Path(target_dir) / "config.json")[
-                             "architectures"]},
-        },
-        "transformer_layer_config": layer_cfg,
-        "draft_vocab_size": n_draft,
-        "block_size": block_size,
-        "target_hidden_size": None,
-        "aux_hidden_state_layer_ids": list(aux_hidden_state_layer_ids),
-        "mask_token_id": GEMMA4_MASK_TOKEN_ID,
-        "sliding_window_non_causal": False,
-        "sample_from_anchor": sample_from_anchor,
-        "markov_rank": markov_rank,
-        "markov_head_type": head_type,
-        "enable_confidence_head": confidence_head,
-        "confidence_head_with_markov": True,
-        "dtype": dtype,
-        "transformers_version": "5.24.0",
-    }
-    _write_json(out / "config.json", cfg)
+    _write_json(out / "config.json", _speculators_config(
+        target_dir, layer_cfg, block_size=block_size, sample_from_anchor=sample_from_anchor,
+        draft_vocab_size=n_draft, aux_hidden_state_layer_ids=aux_hidden_state_layer_ids,
+        mask_token_id=GEMMA4_MASK_TOKEN_ID, markov_rank=markov_rank, head_type=head_type,
+        confidence_head=confidence_head, dtype=dtype))
 
     w = _Weights(seed, dtype)
     t = _gemma4_draft_tensors(w, flat, len(aux_hidden_state_layer_ids))
