@@ -74,6 +74,11 @@ if (DSPARK_PORTABLE)
     set(GGML_CPU_ALL_VARIANTS ON CACHE BOOL "" FORCE)
 endif()
 
+# ggml's RPC backend (spreading a model over machines, `dspark-ggml rpc-server`) is small and has
+# no dependencies; on unless the caller of a local tree said otherwise.
+if (NOT DEFINED GGML_RPC)
+    set(GGML_RPC ON CACHE BOOL "")
+endif()
 set(BUILD_SHARED_LIBS ON CACHE BOOL "" FORCE)
 set(GGML_BUILD_TESTS OFF CACHE BOOL "" FORCE)
 set(GGML_BUILD_EXAMPLES OFF CACHE BOOL "" FORCE)

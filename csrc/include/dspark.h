@@ -118,6 +118,7 @@ enum dspark_device_type {
     DSPARK_DEVICE_TYPE_GPU   = 1,
     DSPARK_DEVICE_TYPE_IGPU  = 2,
     DSPARK_DEVICE_TYPE_ACCEL = 3,
+    DSPARK_DEVICE_TYPE_RPC   = 4, /* a device of an rpc-server on another machine (or process) */
 };
 
 DSPARK_API int32_t      dspark_device_count(void);
@@ -125,6 +126,20 @@ DSPARK_API const char * dspark_device_name(int32_t index);         /* NULL if ou
 DSPARK_API const char * dspark_device_description(int32_t index);  /* NULL if out of range */
 DSPARK_API int32_t      dspark_device_type(int32_t index);         /* enum dspark_device_type or < 0 */
 DSPARK_API int32_t      dspark_device_memory(int32_t index, size_t * free_bytes, size_t * total_bytes);
+
+/* ggml's RPC backend: the devices of an rpc-server at "host:port" join the device list (named RPC0,
+ * RPC1, ...; type DSPARK_DEVICE_TYPE_RPC) and can hold models or some of a target's layers
+ * (dspark_model_params.tensor_split). Returns the number of devices the server offers (adding a
+ * server twice adds nothing), or a negative status: unreachable server, malformed endpoint, or a
+ * ggml built without RPC. Once any server is added, calls run on worker threads so that a server
+ * that dies mid-call makes the call fail with DSPARK_STATUS_IO instead of hanging; after that,
+ * what was placed on RPC devices refuses further work (free it; its memory is not reclaimed). */
+DSPARK_API int32_t dspark_rpc_add_server(const char * endpoint);
+/* Serve local devices to RPC clients at "host:port" (device: an index, or -1 for the CPU), with
+ * n_threads CPU threads. Blocks for as long as it serves; returns a negative status if it cannot
+ * start (port in use, no RPC in this build, an RPC device given). One client at a time, no
+ * authentication: bind it to a trusted network only. */
+DSPARK_API int32_t dspark_rpc_serve(const char * endpoint, int32_t device, int32_t n_threads);
 
 /* ---- GGUF files ---------------------------------------------------------------------------- */
 
@@ -182,6 +197,8 @@ DSPARK_API uint64_t     dspark_gguf_tensor_nbytes(const struct dspark_gguf * ggu
 
 struct dspark_model;
 
+#define DSPARK_MAX_DEVICES 16
+
 struct dspark_model_params {
     int32_t device;                   /* index from dspark_device_*; -1 = the first GPU if any, else the CPU
                                          (a draft loaded with a target: -1 = the target's device) */
@@ -190,6 +207,10 @@ struct dspark_model_params {
     bool    use_mmap;                 /* map the file and compute from it without a copy (CPU); default true */
     bool    cpu_repack;               /* CPU: copy weights the backend can repack for faster matmuls (Q4_0, Q4_K,
                                          IQ4_NL on AVX2) into that layout, as llama.cpp does; default true */
+    float   tensor_split[DSPARK_MAX_DEVICES]; /* spread the repeating layers over devices in these
+                                         proportions, by device index (like llama.cpp's --tensor-split); the
+                                         embeddings, final norm and head stay on `device`. All 0 (default):
+                                         every layer on `device` */
 };
 
 DSPARK_API struct dspark_model_params dspark_model_default_params(void);
@@ -203,6 +224,8 @@ DSPARK_API const struct dspark_gguf * dspark_model_gguf(const struct dspark_mode
 
 DSPARK_API const char * dspark_model_arch(const struct dspark_model * model);
 DSPARK_API const char * dspark_model_device(const struct dspark_model * model); /* device name */
+/* Every device holding some of its weights, main device first, comma-separated ("CPU,RPC0"). */
+DSPARK_API const char * dspark_model_devices(const struct dspark_model * model);
 DSPARK_API int32_t      dspark_model_n_vocab(const struct dspark_model * model);
 DSPARK_API int32_t      dspark_model_n_embd(const struct dspark_model * model);
 DSPARK_API int32_t      dspark_model_n_layer(const struct dspark_model * model);

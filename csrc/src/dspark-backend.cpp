@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "dspark-impl.h"
+#include "dspark-rpc.h"
 
 #include <cstdlib>
 #include <mutex>
@@ -43,6 +44,7 @@ void dspark_backends_load(const std::string & dir) {
     static std::once_flag once;
     std::call_once(once, [&]() {
         dspark_log_install_ggml_hook();
+        dspark_rpc_install_abort_hook();
         vulkan_workarounds();
 #ifdef GGML_BACKEND_DL
         const std::string d = dir.empty() ? library_dir() : dir;

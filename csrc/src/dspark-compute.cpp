@@ -2,6 +2,7 @@
 
 #include "dspark-backend.h"
 #include "dspark-impl.h"
+#include "dspark-rpc.h"
 
 dspark_compute::~dspark_compute() {
     if (ctx) {
@@ -38,6 +39,9 @@ void dspark_compute::init(ggml_backend_dev_t dev, int n_threads, size_t max_node
         }
     }
     backends.push_back(backend_cpu);
+    for (ggml_backend_t b : backends) {
+        devices.push_back(ggml_backend_get_device(b));
+    }
     set_threads(n_threads);
 
     sched = ggml_backend_sched_new(backends.data(), nullptr, (int) backends.size(), max_nodes, false, true);
@@ -107,12 +111,14 @@ ggml_cgraph * dspark_compute::new_graph(ggml_context * c) const {
 }
 
 void dspark_compute::reserve(ggml_cgraph * gf) {
+    dspark_rpc_check_alive(devices);
     if (!ggml_backend_sched_reserve(sched, gf)) {
         dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory to reserve the compute buffers");
     }
 }
 
 void dspark_compute::alloc(ggml_cgraph * gf) {
+    dspark_rpc_check_alive(devices);
     ggml_backend_sched_reset(sched);
     if (!ggml_backend_sched_alloc_graph(sched, gf)) {
         dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "failed to allocate the compute graph");
@@ -120,6 +126,7 @@ void dspark_compute::alloc(ggml_cgraph * gf) {
 }
 
 void dspark_compute::compute(ggml_cgraph * gf) {
+    dspark_rpc_check_alive(devices);
     const ggml_status st = ggml_backend_sched_graph_compute(sched, gf);
     if (st == GGML_STATUS_ABORTED) {
         dspark_throw(DSPARK_STATUS_ABORTED, "computation aborted");

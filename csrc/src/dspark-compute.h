@@ -16,6 +16,7 @@ struct dspark_compute {
     ggml_backend_t              backend     = nullptr;  // the model's device
     ggml_backend_t              backend_cpu = nullptr;  // same as backend on CPU-only runs
     std::vector<ggml_backend_t> backends_also;          // of init's `also` devices
+    std::vector<ggml_backend_dev_t> devices;            // of every backend the scheduler has
     ggml_backend_sched_t        sched       = nullptr;
     size_t                      max_nodes   = 0;
 

@@ -2,6 +2,7 @@
 
 #include "dspark-backend.h"
 #include "dspark-impl.h"
+#include "dspark-rpc.h"
 #include "dspark-sampler.h"
 #include "models/target-graph.h"
 
@@ -83,14 +84,15 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
 
     // node budget: the layers (MoE and Gemma-4 layers take about twice the nodes of a plain one),
     // plus an in-graph sampler per sequence (engine backend sampling)
+    dspark_rpc_check_alive(model.devices());
     compute.init(model.device(), params.n_threads,
-                 (size_t) 256 + (size_t) hp().n_layer * 128 + (size_t) params.n_seq_max * dspark_sampler_graph_size());
+                 (size_t) 256 + (size_t) hp().n_layer * 128 + (size_t) params.n_seq_max * dspark_sampler_graph_size(),
+                 model.devices());
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
     for (const target_layer & l : model.target->layers) {
         dspark_check_kv_type(kv_type, l.head_dim);
     }
-    kv.init(ggml_backend_get_default_buffer_type(compute.backend), model.target->kv_widths(), kv_type, params.n_ctx,
-            params.n_seq_max);
+    kv.init(model.layer_buffer_types((int) hp().n_layer), model.target->kv_widths(), kv_type, params.n_ctx, params.n_seq_max);
     flash_attn = params.flash_attn == DSPARK_FLASH_ATTN_ON;
     if (params.flash_attn == DSPARK_FLASH_ATTN_AUTO) {
         flash_attn = true;
@@ -268,6 +270,7 @@ void dspark_context::logits_row(int32_t row, float * out) const {
     if (!has_sampled || !graph.valid(compute) || !cached_io.probe || row < 0 || row >= n_outputs) {
         dspark_throw(DSPARK_STATUS_INTERNAL, "logits of output row %d are not kept", row);
     }
+    dspark_rpc_check_alive(compute.devices);
     const size_t size = cached_io.logits->nb[1];
     ggml_backend_tensor_get(cached_io.logits, out, size * (size_t) row, size);
 }

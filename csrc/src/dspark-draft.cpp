@@ -3,6 +3,7 @@
 #include "dspark-backend.h"
 #include "dspark-context.h"
 #include "dspark-impl.h"
+#include "dspark-rpc.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,12 +29,12 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     params = dspark_resolve_context_params(p, hp().n_ctx_train);
     // a block of every sequence must fit next to a full context: its cells are temporary
     const uint32_t n_cells = params.n_ctx + params.n_seq_max * (uint32_t) hp().block_size;
-    const std::vector<ggml_backend_dev_t> target_dev = {model.borrowed ? model.borrowed->device() : nullptr};
+    dspark_rpc_check_alive(model.devices());
     compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 128,
-                 target_dev);
+                 model.devices());
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
     dspark_check_kv_type(kv_type, hp().head_dim);
-    kv.init(ggml_backend_get_default_buffer_type(compute.backend), std::vector<int64_t>(hp().n_layer, hp().n_embd_kv()), kv_type,
+    kv.init(model.layer_buffer_types((int) hp().n_layer), std::vector<int64_t>(hp().n_layer, hp().n_embd_kv()), kv_type,
             n_cells, params.n_seq_max);
     flash_attn = params.flash_attn != DSPARK_FLASH_ATTN_OFF;  // CPU and GPU backends run it for these shapes
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
@@ -371,6 +372,7 @@ void dspark_draft_context::logits_row(int32_t block, int32_t slot, float * out) 
     if (!kept_logits || !graph.valid(compute) || block < 0 || block >= n_seqs || slot < 0 || slot >= n_draft) {
         dspark_throw(DSPARK_STATUS_INTERNAL, "draft logits of block %d slot %d are not available", block, slot);
     }
+    dspark_rpc_check_alive(compute.devices);
     const size_t row = cached_io.logits->nb[1];
     ggml_backend_tensor_get(cached_io.logits, out, row * ((size_t) block * n_draft + slot), row);
 }

@@ -2,43 +2,56 @@
 
 #include "dspark-impl.h"
 
+#include <algorithm>
 #include <cmath>
 
 dspark_kv_cache::~dspark_kv_cache() {
-    if (buf) {
-        ggml_backend_buffer_free(buf);
+    for (ggml_backend_buffer_t b : bufs) {
+        ggml_backend_buffer_free(b);
     }
-    if (ctx) {
-        ggml_free(ctx);
+    for (ggml_context * c : ctxs) {
+        ggml_free(c);
     }
 }
 
-void dspark_kv_cache::init(ggml_backend_buffer_type_t buft, const std::vector<int64_t> & widths,
+void dspark_kv_cache::init(const std::vector<ggml_backend_buffer_type_t> & bufts, const std::vector<int64_t> & widths,
                            ggml_type type, uint32_t n_cells_, uint32_t n_seq_max_) {
     n_cells   = n_cells_;
     n_seq_max = n_seq_max_;
     cells.assign(n_cells, dspark_kv_cell());
-    ggml_init_params ip = { /*.mem_size =*/ (size_t) (2 * widths.size() + 1) * ggml_tensor_overhead(),
-                            /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true };
-    ctx = ggml_init(ip);
+    k.assign(widths.size(), nullptr);
+    v.assign(widths.size(), nullptr);
+    // one context (and one buffer) per buffer type: a layer's cache lives where the layer runs
+    std::vector<ggml_backend_buffer_type_t> kinds;
     for (size_t il = 0; il < widths.size(); ++il) {
-        if (widths[il] == 0) {
-            k.push_back(nullptr);
-            v.push_back(nullptr);
-            continue;
+        if (widths[il] != 0 && std::find(kinds.begin(), kinds.end(), bufts[il]) == kinds.end()) {
+            kinds.push_back(bufts[il]);
         }
-        k.push_back(ggml_new_tensor_2d(ctx, type, widths[il], n_cells));
-        v.push_back(ggml_new_tensor_2d(ctx, type, widths[il], n_cells));
-        ggml_format_name(k.back(), "cache_k_l%d", (int) il);
-        ggml_format_name(v.back(), "cache_v_l%d", (int) il);
     }
-    buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
-    if (!buf) {
-        dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory for a KV cache of %u cells", n_cells);
+    for (ggml_backend_buffer_type_t buft : kinds) {
+        ggml_init_params ip = { /*.mem_size =*/ (size_t) (2 * widths.size() + 1) * ggml_tensor_overhead(),
+                                /*.mem_buffer =*/ nullptr, /*.no_alloc =*/ true };
+        ggml_context * ctx = ggml_init(ip);
+        ctxs.push_back(ctx);
+        for (size_t il = 0; il < widths.size(); ++il) {
+            if (widths[il] == 0 || bufts[il] != buft) {
+                continue;
+            }
+            k[il] = ggml_new_tensor_2d(ctx, type, widths[il], n_cells);
+            v[il] = ggml_new_tensor_2d(ctx, type, widths[il], n_cells);
+            ggml_format_name(k[il], "cache_k_l%d", (int) il);
+            ggml_format_name(v[il], "cache_v_l%d", (int) il);
+        }
+        ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors_from_buft(ctx, buft);
+        if (!buf) {
+            dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory for a KV cache of %u cells on %s", n_cells,
+                         ggml_backend_buft_name(buft));
+        }
+        bufs.push_back(buf);
+        // Empty cells are masked out, but their memory is read by attention: keep it finite.
+        ggml_backend_buffer_clear(buf, 0);
+        ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_COMPUTE);
     }
-    // Empty cells are masked out, but their memory is read by attention: keep it finite.
-    ggml_backend_buffer_clear(buf, 0);
-    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_COMPUTE);
 }
 
 bool dspark_kv_cache::find_slots(uint32_t n, std::vector<int32_t> & out, const int32_t * seq, const int32_t * pos) const {

@@ -42,9 +42,10 @@ struct dspark_kv_cache {
     dspark_kv_cache(const dspark_kv_cache &) = delete;
     dspark_kv_cache & operator=(const dspark_kv_cache &) = delete;
 
-    // One K and one V matrix per layer of widths[il] values per cell; a width of 0 gives the layer
-    // no cache of its own (it attends to another layer's, e.g. Gemma-4's shared-KV layers).
-    void init(ggml_backend_buffer_type_t buft, const std::vector<int64_t> & widths,
+    // One K and one V matrix per layer of widths[il] values per cell, in memory of bufts[il] (the
+    // layer's device); a width of 0 gives the layer no cache of its own (it attends to another
+    // layer's, e.g. Gemma-4's shared-KV layers).
+    void init(const std::vector<ggml_backend_buffer_type_t> & bufts, const std::vector<int64_t> & widths,
               ggml_type type, uint32_t n_cells, uint32_t n_seq_max);
 
     // Choose n free cells; false if there are not enough. Changes nothing. With seq and pos (per
@@ -77,8 +78,8 @@ struct dspark_kv_cache {
     uint32_t n_used() const { return used; }
 
   private:
-    ggml_context *        ctx = nullptr;
-    ggml_backend_buffer_t buf = nullptr;
+    std::vector<ggml_context *>        ctxs;
+    std::vector<ggml_backend_buffer_t> bufs;
     uint32_t              used = 0;     // non-empty cells
     uint32_t              extent = 0;   // last non-empty cell + 1 (an upper bound, kept tight)
     void shrink_extent();

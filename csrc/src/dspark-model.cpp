@@ -2,10 +2,79 @@
 
 #include "dspark-backend.h"
 #include "dspark-impl.h"
+#include "dspark-rpc.h"
+
+#include <algorithm>
+#include <cmath>
 #include "models/dflash.h"
 
 dspark_model::dspark_model() = default;
 dspark_model::~dspark_model() = default;
+
+std::vector<ggml_backend_dev_t> dspark_model::devices() const {
+    std::vector<ggml_backend_dev_t> out = weights ? weights->devices : std::vector<ggml_backend_dev_t>();
+    if (borrowed) {
+        for (ggml_backend_dev_t d : borrowed->devices()) {
+            if (std::find(out.begin(), out.end(), d) == out.end()) {
+                out.push_back(d);
+            }
+        }
+    }
+    return out;
+}
+
+std::vector<ggml_backend_buffer_type_t> dspark_model::layer_buffer_types(int n_layer) const {
+    std::vector<ggml_backend_buffer_type_t> out(n_layer);
+    for (int il = 0; il < n_layer; ++il) {
+        const dspark_placement & where = weights->placement;
+        ggml_backend_dev_t d = il < (int) where.layers.size() && where.layers[il] ? where.layers[il] : where.main;
+        out[il] = ggml_backend_dev_buffer_type(d);
+    }
+    return out;
+}
+
+// Layer il goes to the device whose share of the cumulative split covers (il + 0.5) / n_layer.
+static dspark_placement placement_for(const dspark_model_params & params, ggml_backend_dev_t main, int n_layer) {
+    dspark_placement where;
+    where.main = main;
+    const int32_t n_dev = std::min<int32_t>(dspark_device_count_all(), DSPARK_MAX_DEVICES);
+    double total = 0.0;
+    for (int i = 0; i < DSPARK_MAX_DEVICES; ++i) {
+        const float f = params.tensor_split[i];
+        if (!(f >= 0.0f) || std::isinf(f)) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "tensor_split[%d] = %g: proportions must be finite and >= 0", i, f);
+        }
+        if (f > 0.0f && i >= n_dev) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "tensor_split[%d] is set but there are only %d devices", i, n_dev);
+        }
+        total += f;
+    }
+    if (total == 0.0) {
+        return where;
+    }
+    where.layers.resize(n_layer);
+    for (int il = 0; il < n_layer; ++il) {
+        const double at = (il + 0.5) / n_layer * total;
+        double cum = 0.0;
+        for (int i = 0; i < n_dev; ++i) {
+            cum += params.tensor_split[i];
+            if (params.tensor_split[i] > 0.0f && at < cum) {
+                where.layers[il] = dspark_device_get(i);
+                break;
+            }
+        }
+    }
+    dspark_rpc_check_alive(where.devices());
+    return where;
+}
+
+static std::string names_of(const std::vector<ggml_backend_dev_t> & devices) {
+    std::string s;
+    for (ggml_backend_dev_t d : devices) {
+        s += (s.empty() ? "" : ",") + std::string(ggml_backend_dev_name(d));
+    }
+    return s;
+}
 
 dspark_model * dspark_model_load_target(const std::string & path, const dspark_model_params & params) {
     std::unique_ptr<dspark_model> m(new dspark_model());
@@ -24,7 +93,11 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
         f.fail(DSPARK_STATUS_BAD_FORMAT, "tensor 'token_embd.weight' has no rows (empty vocabulary)");
     }
     m->weights->warn_unused();
-    m->weights->load(dspark_device_pick(params.device), params.use_mmap, params.cpu_repack, {"token_embd.weight", "per_layer_token_embd.weight"});
+    ggml_backend_dev_t main = dspark_device_pick(params.device);
+    dspark_rpc_check_alive({main});
+    m->weights->load(placement_for(params, main, (int) m->target->hp.n_layer), params.use_mmap, params.cpu_repack,
+                     {"token_embd.weight", "per_layer_token_embd.weight"});
+    m->device_names = names_of(m->weights->devices);
     if (m->target->output == m->target->tok_embd) {  // tied: the lm head's matmuls from a repacked copy
         if (ggml_tensor * copy = m->weights->repacked_copy("token_embd.weight")) {
             m->target->output = copy;
@@ -74,7 +147,10 @@ dspark_model * dspark_model_load_draft(const std::string & path, const dspark_mo
     m->weights->warn_unused();
     // -1 with a target: the target's device, so by default both models share one device
     ggml_backend_dev_t dev = target && params.device == -1 ? target->device() : dspark_device_pick(params.device);
-    m->weights->load(dev, params.use_mmap, params.cpu_repack, {"token_embd.weight", "markov_w1.weight"});
+    dspark_rpc_check_alive({dev});
+    m->weights->load(placement_for(params, dev, (int) m->draft->hp.n_layer), params.use_mmap, params.cpu_repack,
+                     {"token_embd.weight", "markov_w1.weight"});
+    m->device_names = names_of(m->weights->devices);
     if (m->draft->d2t) {
         m->d2t = read_d2t(*m);
     }

@@ -155,8 +155,8 @@ void dspark_weights::load_repacked(ggml_backend_buffer_type_t buft, const std::v
 
 // Computing from the mapping needs the data section at an address the device's buffers allow
 // (ggml asserts it): a small or odd general.alignment can move it off that boundary.
-void dspark_weights::check_mmap_alignment() const {
-    const size_t align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(dev));
+void dspark_weights::check_mmap_alignment(ggml_backend_dev_t device) const {
+    const size_t align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(device));
     if (file->data_offset() % align != 0) {
         file->fail(DSPARK_STATUS_BAD_FORMAT, "the tensor data starts at byte " + std::to_string(file->data_offset()) +
                                                  ", not a multiple of " + std::to_string(align) + " (general.alignment " +
@@ -165,8 +165,35 @@ void dspark_weights::check_mmap_alignment() const {
     }
 }
 
-void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack, const std::set<std::string> & gathered) {
-    dev = device;
+// "blk.12.attn_q.weight" -> 12; -1 for tensors outside the repeating layers.
+static int layer_of(const char * name) {
+    if (strncmp(name, "blk.", 4) != 0) {
+        return -1;
+    }
+    char * end = nullptr;
+    const long il = strtol(name + 4, &end, 10);
+    return end != name + 4 && *end == '.' ? (int) il : -1;
+}
+
+ggml_backend_dev_t dspark_placement::of(const char * tensor_name) const {
+    const int il = layer_of(tensor_name);
+    return il >= 0 && il < (int) layers.size() && layers[il] ? layers[il] : main;
+}
+
+std::vector<ggml_backend_dev_t> dspark_placement::devices() const {
+    std::vector<ggml_backend_dev_t> out = { main };
+    for (ggml_backend_dev_t d : layers) {
+        if (d && std::find(out.begin(), out.end(), d) == out.end()) {
+            out.push_back(d);
+        }
+    }
+    return out;
+}
+
+void dspark_weights::load(const dspark_placement & where, bool use_mmap, bool repack, const std::set<std::string> & gathered) {
+    placement = where;
+    dev = where.main;
+    devices = where.devices();
     n_bytes = 0;
     n_params = 0;
     for (int64_t i = 0; i < file->n_tensors(); ++i) {
@@ -177,91 +204,108 @@ void dspark_weights::load(ggml_backend_dev_t device, bool use_mmap, bool repack,
     if (file->n_tensors() == 0) {
         return;
     }
-    ggml_backend_dev_props props;
-    ggml_backend_dev_get_props(dev, &props);
-    const bool from_map = use_mmap && props.caps.buffer_from_host_ptr;  // compute from the mapping
-    if (from_map) {
-        check_mmap_alignment();  // before anything is allocated
+    for (ggml_backend_dev_t d : devices) {
+        ggml_backend_dev_props props;
+        ggml_backend_dev_get_props(d, &props);
+        if (use_mmap && props.caps.buffer_from_host_ptr) {
+            check_mmap_alignment(d);  // before anything is allocated
+        }
     }
     map.reset(new dspark_mmap(file->path));
-
-    std::vector<ggml_tensor *> repacked;
-    repack_buft = repack && dspark_device_is_cpu(dev) ? cpu_repack_buft(dev) : nullptr;
-    if (repack_buft) {
+    bool mapped = false;
+    for (ggml_backend_dev_t d : devices) {
+        std::vector<ggml_tensor *> group;
         for (int64_t i = 0; i < file->n_tensors(); ++i) {
-            ggml_tensor * t = file->tensor(i);
-            const int nd = ggml_n_dims(t);
-            if ((nd == 2 || nd == 3) && !gathered.count(ggml_get_name(t)) && repack_supports(dev, repack_buft, t)) {
-                repacked.push_back(t);
+            if (where.of(ggml_get_name(file->tensor(i))) == d) {
+                group.push_back(file->tensor(i));
             }
         }
-        if (!repacked.empty()) {
-            load_repacked(repack_buft, repacked);
-        }
+        mapped = load_on(d, group, use_mmap, repack, gathered) || mapped;
     }
-    auto is_repacked = [&](ggml_tensor * t) { return std::find(repacked.begin(), repacked.end(), t) != repacked.end(); };
+    if (!mapped) {
+        map.reset();  // the data now lives in the buffers
+    }
+}
 
+// Place one device's tensors; true when they compute from the mapping (which must then stay).
+bool dspark_weights::load_on(ggml_backend_dev_t device, const std::vector<ggml_tensor *> & tensors, bool use_mmap,
+                             bool repack, const std::set<std::string> & gathered) {
+    ggml_backend_dev_props props;
+    ggml_backend_dev_get_props(device, &props);
+    const bool from_map = use_mmap && props.caps.buffer_from_host_ptr;  // compute from the mapping
+
+    std::vector<ggml_tensor *> rest;
+    std::vector<ggml_tensor *> repacked;
+    ggml_backend_buffer_type_t rbuft = repack && dspark_device_is_cpu(device) ? cpu_repack_buft(device) : nullptr;
+    for (ggml_tensor * t : tensors) {
+        const int nd = ggml_n_dims(t);
+        const bool r = rbuft && (nd == 2 || nd == 3) && !gathered.count(ggml_get_name(t)) && repack_supports(device, rbuft, t);
+        (r ? repacked : rest).push_back(t);
+    }
+    if (rbuft) {
+        repack_buft = rbuft;
+    }
+    if (!repacked.empty()) {
+        load_repacked(rbuft, repacked);
+    }
+    if (rest.empty()) {
+        return false;
+    }
     if (from_map) {
         // Compute straight from the mapped file: one host buffer over the data section.
         char * base = (char *) map->addr + file->data_offset();
         const size_t size = map->size - file->data_offset();
         size_t max_tensor = 0;
-        for (int64_t i = 0; i < file->n_tensors(); ++i) {
-            max_tensor = std::max(max_tensor, ggml_nbytes(file->tensor(i)));
+        for (ggml_tensor * t : rest) {
+            max_tensor = std::max(max_tensor, ggml_nbytes(t));
         }
-        ggml_backend_buffer_t buf = ggml_backend_dev_buffer_from_host_ptr(dev, base, size, max_tensor);
+        ggml_backend_buffer_t buf = ggml_backend_dev_buffer_from_host_ptr(device, base, size, max_tensor);
         if (!buf) {
             file->fail(DSPARK_STATUS_OUT_OF_MEMORY, "could not map the weights on device " +
-                                                        std::string(ggml_backend_dev_name(dev)));
+                                                        std::string(ggml_backend_dev_name(device)));
         }
         buffers.push_back(buf);
         ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        for (int64_t i = 0; i < file->n_tensors(); ++i) {
-            ggml_tensor * t = file->tensor(i);
-            if (is_repacked(t)) {
-                continue;
-            }
+        for (ggml_tensor * t : rest) {
+            const int64_t i = gguf_find_tensor(file->gguf, ggml_get_name(t));
             const uint64_t off = file->tensor_file_offset(i) - file->data_offset();
             if (ggml_backend_tensor_alloc(buf, t, base + off) != GGML_STATUS_SUCCESS) {
                 file->fail(DSPARK_STATUS_INTERNAL, std::string("could not place tensor '") + ggml_get_name(t) + "'");
             }
         }
-        return;
+        return true;
     }
 
     // Copy into a device buffer.
     size_t size = 0;
-    ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+    ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(device);
     const size_t align = ggml_backend_buft_get_alignment(buft);
-    for (int64_t i = 0; i < file->n_tensors(); ++i) {
-        if (!is_repacked(file->tensor(i))) {
-            size += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, file->tensor(i)), align);
-        }
+    uint64_t bytes = 0;
+    for (ggml_tensor * t : rest) {
+        size += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), align);
+        bytes += ggml_nbytes(t);
     }
     ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, std::max<size_t>(size, 1));
     if (!buf) {
-        file->fail(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory for the weights (" + std::to_string(n_bytes >> 20) +
-                                                    " MiB) on device " + ggml_backend_dev_name(dev));
+        file->fail(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory for the weights (" + std::to_string(bytes >> 20) +
+                                                    " MiB) on device " + ggml_backend_dev_name(device));
     }
     buffers.push_back(buf);
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_tallocr talloc = ggml_tallocr_new(buf);
-    for (int64_t i = 0; i < file->n_tensors(); ++i) {
-        ggml_tensor * t = file->tensor(i);
-        if (is_repacked(t)) {
-            continue;
-        }
+    for (ggml_tensor * t : rest) {
         if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
             file->fail(DSPARK_STATUS_INTERNAL, std::string("could not place tensor '") + ggml_get_name(t) + "'");
         }
+        const int64_t i = gguf_find_tensor(file->gguf, ggml_get_name(t));
         ggml_backend_tensor_set(t, (const char *) map->addr + file->tensor_file_offset(i), 0, ggml_nbytes(t));
     }
-    map.reset();  // the data now lives in the buffers
+    return false;
 }
 
 ggml_tensor * dspark_weights::repacked_copy(const std::string & name) {
     ggml_tensor * t = file->find_tensor(name);
-    if (!t || !repack_buft || !t->buffer || !repack_supports(dev, repack_buft, t)) {
+    if (!t || !repack_buft || !t->buffer || !dspark_device_is_cpu(dev) || !repack_supports(dev, repack_buft, t)) {
         return nullptr;
     }
     if (!copies_ctx) {

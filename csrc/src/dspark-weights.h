@@ -14,10 +14,22 @@
 #include <string>
 #include <vector>
 
+// Where a model's tensors go: the repeating layers' (blk.N.*) to layers[N] where that is set, all
+// others (embeddings, final norm, head) to `main`.
+struct dspark_placement {
+    ggml_backend_dev_t              main = nullptr;
+    std::vector<ggml_backend_dev_t> layers;
+
+    ggml_backend_dev_t              of(const char * tensor_name) const;
+    std::vector<ggml_backend_dev_t> devices() const;  // main first, each once
+};
+
 struct dspark_weights {
     std::unique_ptr<dspark_gguf> file;
     std::unique_ptr<dspark_mmap> map;
-    ggml_backend_dev_t           dev = nullptr;
+    ggml_backend_dev_t           dev = nullptr;  // the placement's main device
+    std::vector<ggml_backend_dev_t> devices;    // every device holding some tensor, main first
+    dspark_placement             placement;
     std::vector<ggml_backend_buffer_t> buffers;
     uint64_t n_bytes  = 0;
     uint64_t n_params = 0;
@@ -39,11 +51,11 @@ struct dspark_weights {
     // Warn about tensors the architecture never asked for (a sign of a mismatched file).
     void warn_unused() const;
 
-    // Place every tensor of the file on the device (call after all lookups succeeded). On the CPU
+    // Place every tensor of the file on its device (call after all lookups succeeded). On the CPU
     // with `repack`, matmul weights the CPU backend can repack into a faster layout (Q4_0, Q4_K,
     // IQ4_NL on AVX2, ...) are copied into its repack buffer, as llama.cpp does; `gathered` names
     // tensors read by row lookups (embeddings), which must keep the plain layout.
-    void load(ggml_backend_dev_t dev, bool use_mmap, bool repack, const std::set<std::string> & gathered);
+    void load(const dspark_placement & placement, bool use_mmap, bool repack, const std::set<std::string> & gathered);
     size_t n_repacked = 0;
 
     // After load: a repacked copy of a gathered tensor for its matmuls (a tied embedding table that
@@ -56,6 +68,8 @@ struct dspark_weights {
     ggml_backend_buffer_type_t repack_buft = nullptr;  // the CPU's, when load() repacked
     ggml_context *             copies_ctx  = nullptr;  // tensors of repacked_copy()
     void check_type(const ggml_tensor * t, const std::string & name, int rank, ggml_type type) const;
-    void check_mmap_alignment() const;
+    void check_mmap_alignment(ggml_backend_dev_t device) const;
+    bool load_on(ggml_backend_dev_t device, const std::vector<ggml_tensor *> & tensors, bool use_mmap, bool repack,
+                 const std::set<std::string> & gathered);
     void load_repacked(ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & tensors);
 };

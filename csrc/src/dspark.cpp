@@ -12,6 +12,7 @@
 #include "dspark-gguf.h"
 #include "dspark-impl.h"
 #include "dspark-model.h"
+#include "dspark-rpc.h"
 
 #include <algorithm>
 #include <iterator>
@@ -22,25 +23,41 @@
 #include <new>
 #include <string>
 
-// Run f(); translate exceptions into a status and the last-error message.
+// Run f(); translate exceptions into a status and the last-error message. The call runs where
+// dspark_run_call says (a worker thread once RPC servers are in use, see dspark-rpc.h).
 template <typename F>
 static int32_t guard(F && f) {
-    try {
-        dspark_clear_last_error();
-        return f();
-    } catch (const dspark_error & e) {
-        dspark_set_last_error(e.what(), e.status);
-        return e.status;
-    } catch (const std::bad_alloc &) {
-        dspark_set_last_error("out of memory", DSPARK_STATUS_OUT_OF_MEMORY);
-        return DSPARK_STATUS_OUT_OF_MEMORY;
-    } catch (const std::exception & e) {
-        dspark_set_last_error(std::string("internal error: ") + e.what(), DSPARK_STATUS_INTERNAL);
-        return DSPARK_STATUS_INTERNAL;
-    } catch (...) {
-        dspark_set_last_error("internal error", DSPARK_STATUS_INTERNAL);
-        return DSPARK_STATUS_INTERNAL;
+    return dspark_run_call([&]() -> int32_t {
+        try {
+            dspark_clear_last_error();
+            return f();
+        } catch (const dspark_error & e) {
+            dspark_set_last_error(e.what(), e.status);
+            return e.status;
+        } catch (const std::bad_alloc &) {
+            dspark_set_last_error("out of memory", DSPARK_STATUS_OUT_OF_MEMORY);
+            return DSPARK_STATUS_OUT_OF_MEMORY;
+        } catch (const std::exception & e) {
+            dspark_set_last_error(std::string("internal error: ") + e.what(), DSPARK_STATUS_INTERNAL);
+            return DSPARK_STATUS_INTERNAL;
+        } catch (...) {
+            dspark_set_last_error("internal error", DSPARK_STATUS_INTERNAL);
+            return DSPARK_STATUS_INTERNAL;
+        }
+    });
+}
+
+// Free an object: through guard (a free talks to the devices it used), but not at all once an RPC
+// server it used was lost, since that would wait on the dead server; it is leaked instead.
+template <typename T>
+static void guarded_free(T * obj, const std::vector<ggml_backend_dev_t> & devices) {
+    if (!obj || dspark_rpc_lost(devices)) {
+        return;
     }
+    guard([&]() {
+        delete obj;
+        return DSPARK_STATUS_OK;
+    });
 }
 
 // The same for functions returning an object: nullptr on failure.
@@ -153,6 +170,9 @@ int32_t dspark_device_type(int32_t index) {
         dspark_set_last_error(dspark_format("device index %d out of range", index));
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
+    if (dspark_device_is_rpc(dev)) {
+        return DSPARK_DEVICE_TYPE_RPC;
+    }
     switch (ggml_backend_dev_type(dev)) {
         case GGML_BACKEND_DEVICE_TYPE_CPU:  return DSPARK_DEVICE_TYPE_CPU;
         case GGML_BACKEND_DEVICE_TYPE_GPU:  return DSPARK_DEVICE_TYPE_GPU;
@@ -167,11 +187,42 @@ int32_t dspark_device_memory(int32_t index, size_t * free_bytes, size_t * total_
         dspark_set_last_error(dspark_format("device index %d out of range", index));
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
-    size_t fr = 0, tot = 0;
-    ggml_backend_dev_memory(dev, &fr, &tot);
-    if (free_bytes) *free_bytes = fr;
-    if (total_bytes) *total_bytes = tot;
-    return DSPARK_STATUS_OK;
+    return guard([&]() {
+        dspark_rpc_check_alive({dev});  // asking a lost server would wait for it
+        size_t fr = 0, tot = 0;
+        ggml_backend_dev_memory(dev, &fr, &tot);
+        if (free_bytes) *free_bytes = fr;
+        if (total_bytes) *total_bytes = tot;
+        return DSPARK_STATUS_OK;
+    });
+}
+
+int32_t dspark_rpc_add_server(const char * endpoint) {
+    if (!endpoint) {
+        dspark_set_last_error("dspark_rpc_add_server: endpoint is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    int32_t n = 0;
+    const int32_t st = guard([&]() {
+        n = dspark_rpc_connect(std::string(endpoint));
+        return DSPARK_STATUS_OK;
+    });
+    return st == DSPARK_STATUS_OK ? n : st;
+}
+
+int32_t dspark_rpc_serve(const char * endpoint, int32_t device, int32_t n_threads) {
+    if (!endpoint || n_threads < 1 || n_threads > GGML_MAX_N_THREADS) {
+        dspark_set_last_error("dspark_rpc_serve: need an endpoint and n_threads in 1 .. 512");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard([&]() {
+        std::vector<ggml_backend_dev_t> devs;
+        if (device != -1) {
+            devs.push_back(dspark_device_pick(device));
+        }
+        dspark_rpc_run_server(std::string(endpoint), devs, n_threads);
+        return DSPARK_STATUS_OK;
+    });
 }
 
 // ---- GGUF files ----------------------------------------------------------------------------------
@@ -337,6 +388,7 @@ struct dspark_model_params dspark_model_default_params(void) {
     p.draft_layer_offset       = 0;
     p.use_mmap                 = true;
     p.cpu_repack               = true;
+    std::fill(std::begin(p.tensor_split), std::end(p.tensor_split), 0.0f);
     return p;
 }
 
@@ -353,7 +405,7 @@ struct dspark_model * dspark_model_load_from_file(const char * path, const struc
 }
 
 void dspark_model_free(struct dspark_model * model) {
-    delete model;
+    guarded_free(model, model ? model->devices() : std::vector<ggml_backend_dev_t>());
 }
 
 const struct dspark_gguf * dspark_model_gguf(const struct dspark_model * m) {
@@ -364,6 +416,10 @@ const char * dspark_model_arch(const struct dspark_model * m) { return m ? m->ar
 
 const char * dspark_model_device(const struct dspark_model * m) {
     return m && m->device() ? ggml_backend_dev_name(m->device()) : nullptr;
+}
+
+const char * dspark_model_devices(const struct dspark_model * m) {
+    return m ? m->device_names.c_str() : nullptr;
 }
 
 #define TARGET_HP(m, field) \
@@ -402,7 +458,7 @@ struct dspark_context * dspark_context_init(struct dspark_model * model, const s
 }
 
 void dspark_context_free(struct dspark_context * ctx) {
-    delete ctx;
+    guarded_free(ctx, ctx ? ctx->compute.devices : std::vector<ggml_backend_dev_t>());
 }
 
 void dspark_context_get_params(const struct dspark_context * ctx, struct dspark_context_params * out) {
@@ -590,7 +646,7 @@ struct dspark_draft_context * dspark_draft_context_init(struct dspark_model * dr
 }
 
 void dspark_draft_context_free(struct dspark_draft_context * dctx) {
-    delete dctx;
+    guarded_free(dctx, dctx ? dctx->compute.devices : std::vector<ggml_backend_dev_t>());
 }
 
 struct dspark_kv * dspark_draft_get_kv(struct dspark_draft_context * dctx) {

@@ -23,12 +23,13 @@ _LAZY = {
     "Model": "model", "Context": "context", "DraftModel": "draft", "DraftContext": "draft",
     "Engine": "engine", "SpecStats": "engine",
     "Tokenizer": "tokenizer", "devices": "system", "system_info": "system",
+    "add_rpc_server": "rpc", "serve_rpc": "rpc",
 }
 
 __all__ = [
     "__version__", "LLM", "load", "SamplingParams", "SpeculativeConfig", "GenerationResult",
     "GenerationChunk", "GenerationStats", "DSparkError", "Model", "Context", "DraftModel", "DraftContext",
-    "Engine", "SpecStats", "Tokenizer", "devices", "system_info",
+    "Engine", "SpecStats", "Tokenizer", "devices", "system_info", "add_rpc_server", "serve_rpc",
 ]
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from .llm import LLM, load
     from .model import Model
     from .results import GenerationChunk, GenerationResult, GenerationStats
+    from .rpc import add_rpc_server, serve_rpc
     from .sampling import SamplingParams
     from .speculative import SpeculativeConfig
     from .system import devices, system_info

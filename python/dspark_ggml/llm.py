@@ -16,6 +16,7 @@ from .errors import DSparkError, InvalidArgumentError
 from .interrupt import Interrupt
 from .model import Model
 from .results import GenerationChunk, GenerationResult
+from .rpc import add_rpc_servers
 from .sampling import SamplingParams, with_options
 from .speculative import SpeculativeConfig, coerce_speculative, resolve_method
 
@@ -56,6 +57,11 @@ class LLM:
         flash_attn: "auto" (default), True or False.
         device: device index (dspark_ggml.devices()); -1 (default) = the first GPU, else the CPU.
         draft_device: the draft's device index; None (default) = the target's device.
+        tensor_split: spread the target's layers over devices in these proportions, by device
+            index (llama.cpp's ``--tensor-split``); None (default) = all on ``device``.
+        rpc_servers: rpc-servers (``"host:port"``, a list or a comma-separated string) whose
+            devices join the device list first (see :mod:`dspark_ggml.rpc`); RPC devices count as
+            GPUs, so ``device=-1`` then picks the first of them unless a local GPU comes first.
         use_mmap: compute from the memory-mapped files (CPU). Default True.
 
     Raises:
@@ -87,13 +93,15 @@ class LLM:
                  n_outputs_max_per_seq: int | None = None, n_threads: int | None = None,
                  type_kv: str = "f16", flash_attn: bool | str = "auto",
                  # model
-                 device: int = -1, draft_device: int | None = None, use_mmap: bool = True) -> None:
+                 device: int = -1, draft_device: int | None = None, use_mmap: bool = True,
+                 tensor_split: Sequence[float] | None = None, rpc_servers: str | Sequence[str] | None = None) -> None:
         self._resources = ExitStack()
         self._interrupt = Interrupt()
         self._stream: weakref.ReferenceType[Generator[GenerationChunk, None, None]] | None = None
         config = coerce_speculative(speculative)
         try:
-            self.model = self._keep(Model(model_path, device=device, use_mmap=use_mmap))
+            add_rpc_servers(rpc_servers)
+            self.model = self._keep(Model(model_path, device=device, use_mmap=use_mmap, tensor_split=tensor_split))
             self.tokenizer = _load_tokenizer(os.fspath(model_path))
             self.draft_model = self._load_draft(draft_model_path, config, draft_device, use_mmap)
             kind = self.draft_model.info.kind if self.draft_model else None

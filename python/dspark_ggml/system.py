@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 from . import _lib
 
-_DEVICE_TYPES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
 
 
 @dataclass(frozen=True)
@@ -21,13 +20,15 @@ class Device:
 def devices() -> list[Device]:
     """Every device ggml offers in this build, in registry order (the index used by ``device=``)."""
     lib, ffi = _lib.lib(), _lib.ffi()
+    types = {value: name for name, value in _lib.enum("DEVICE_TYPE").items()}
     out = []
     for i in range(lib.dspark_device_count()):
         free, total = ffi.new("size_t *"), ffi.new("size_t *")
-        _lib.check(lib.dspark_device_memory(i, free, total))
+        if lib.dspark_device_memory(i, free, total) != 0:  # a lost RPC server: listed, with no memory
+            free[0] = total[0] = 0
         out.append(Device(i, _lib.to_str(lib.dspark_device_name(i)) or "",
                           _lib.to_str(lib.dspark_device_description(i)) or "",
-                          _DEVICE_TYPES.get(lib.dspark_device_type(i), "?"), int(free[0]), int(total[0])))
+                          types.get(lib.dspark_device_type(i), "?"), int(free[0]), int(total[0])))
     return out
 
 

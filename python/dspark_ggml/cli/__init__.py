@@ -24,6 +24,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("cli.check", "check a draft's conversion: acceptance as converted vs the likely alternatives"),
     "bench": ("cli.bench", "compare target-only and speculative decoding: tokens/s, tau, acceptance"),
     "serve": ("server.cli", "serve an OpenAI-compatible HTTP API with continuous batching (the [server] extra)"),
+    "rpc-server": ("cli.rpc_server", "lend this machine's device to others over ggml's RPC protocol (--rpc)"),
 }
 
 

@@ -42,10 +42,27 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="device index (see `dspark-ggml info`); -1 = first GPU, else CPU (default: -1)")
     g.add_argument("-devd", "--device-draft", dest="draft_device", type=int, metavar="INDEX",
                    help="the draft's device index (default: the target's device)")
+    g.add_argument("-ts", "--tensor-split", dest="tensor_split", type=float_list, metavar="P0,P1,...",
+                   help="spread the target's layers over devices in these proportions, by device index "
+                        "(e.g. 1,1: half on device 0, half on device 1; default: all on --device)")
+    add_rpc_argument(g)
     g.add_argument("--type-kv", choices=("f16", "f32", "bf16", "q8_0"), help="KV cache type (default: f16)")
     g.add_argument("-fa", "--flash-attn", choices=("auto", "on", "off"),
                    help="flash attention (default: auto)")
     g.add_argument("--no-mmap", action="store_true", help="copy the weights instead of mapping the files")
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+
+
+def add_rpc_argument(g: Any) -> None:
+    g.add_argument("--rpc", metavar="HOST:PORT,...",
+                   help="use the devices of these rpc-servers (`dspark-ggml rpc-server` on each machine); "
+                        "they join the device list after the local ones")
 
 
 def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
@@ -156,19 +173,20 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> LLM:
 
     target, draft = model_paths(args)
     check_model_arguments(args)
-    names = ("n_ctx", "n_batch", "n_threads", "device", "draft_device", "type_kv")
+    names = ("n_ctx", "n_batch", "n_threads", "device", "draft_device", "type_kv", "tensor_split")
     options: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.flash_attn is not None:
         options["flash_attn"] = {"auto": "auto", "on": True, "off": False}[args.flash_attn]
     t0 = time.perf_counter()
     llm = LLM(target, draft_model_path=draft, speculative=speculative_from_args(args),
-              use_mmap=not args.no_mmap, **options, **extra)
+              use_mmap=not args.no_mmap, rpc_servers=args.rpc, **options, **extra)
     draft_text = ""
     if draft is not None and llm.draft_model is not None:
-        draft_text = (f" + {os.path.basename(draft)} on {llm.draft_model.device} "
+        draft_text = (f" + {os.path.basename(draft)} on {'+'.join(llm.draft_model.devices)} "
                       f"({llm.method}, {llm.n_draft} draft tokens/step)")
     seconds = time.perf_counter() - t0
-    print(f"loaded {os.path.basename(target)} on {llm.model.device}{draft_text} in {seconds:.2f} s", file=sys.stderr)
+    print(f"loaded {os.path.basename(target)} on {'+'.join(llm.model.devices)}{draft_text} in {seconds:.2f} s",
+          file=sys.stderr)
     return llm
 
 

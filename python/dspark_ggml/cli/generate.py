@@ -108,4 +108,5 @@ def json_report(llm: LLM, result: GenerationResult) -> dict[str, Any]:
     """The --json object: the result plus what ran it."""
     return {"model": llm.model.path, "draft_model": llm.draft_model.path if llm.draft_model else None,
             "device": llm.model.device, "draft_device": llm.draft_model.device if llm.draft_model else None,
+            "devices": llm.model.devices, "draft_devices": llm.draft_model.devices if llm.draft_model else None,
             "method": llm.method, "n_draft": llm.n_draft, **result.to_dict()}

@@ -15,6 +15,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", action="store_true", help="also print the ggml build and its devices")
     p.add_argument("--json", action="store_true", help="print one JSON object per file")
     p.add_argument("--no-tensors", action="store_true", help="omit the tensor table")
+    from .args import add_rpc_argument
+
+    add_rpc_argument(p)
 
 
 def _short(value: Any, limit: int = 8) -> Any:
@@ -69,17 +72,19 @@ def _print_text(d: dict[str, Any], show_tensors: bool) -> None:
             print(f"  {t.name:<{nw}}  {t.type:<6}  {shape:<20}  {_human(t.nbytes)}")
 
 
-def _print_system() -> None:
+def _print_system(rpc: str | None) -> None:
+    from ..rpc import add_rpc_servers
     from ..system import devices, system_info
 
+    add_rpc_servers(rpc)
     print(f"system:        {system_info()}")
     for d in devices():
         print(f"device {d.index}:      {d.name} ({d.type}, {d.description}, {d.memory_total / 2**30:.1f} GiB)")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.system or not args.files:
-        _print_system()
+    if args.system or not args.files or args.rpc:
+        _print_system(args.rpc)
         if not args.files:
             return 0
         print()
