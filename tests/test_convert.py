@@ -181,6 +181,25 @@ def test_q8_0_quantizes_matrices_and_keeps_norms_and_biases_f32(models, tmp_path
     assert g.kv("general.file_type") == 7
 
 
+def test_runtime_only_types_encode_but_are_not_offered(models, tmp_path):
+    """The block types only llama-quantize makes (the tiny test models use them) encode through
+    the converter's encoder, K-quants with ggml's kernels, but the CLI does not offer them."""
+    from dspark_ggml.convert.quant import OUTTYPE_CHOICES, RUNTIME_OUT_TYPES, encode, encoded_nbytes
+    from dspark_ggml.quant import dequantize
+
+    rows = np.random.default_rng(0).standard_normal((4, 256)).astype(np.float32)
+    for name in ("q4_0", "q5_1", "q4_k", "q6_k"):
+        qtype = RUNTIME_OUT_TYPES[name].matrix_type
+        data = encode(rows, qtype)
+        assert data.nbytes == encoded_nbytes(rows.shape, qtype), name
+        back = dequantize(data, name, rows.shape)
+        assert 0 < np.abs(back - rows).max() < 0.3 * np.abs(rows).max(), name
+    assert set(RUNTIME_OUT_TYPES) > set(OUTTYPE_CHOICES) - {"auto"}
+    assert not {"q4_0", "q4_k"} & set(OUTTYPE_CHOICES)
+    with pytest.raises(ConversionError, match="unknown --outtype"):
+        convert(models["qwen2"], tmp_path / "x.gguf", outtype="q4_k")
+
+
 def test_llama_q_and_k_rows_are_interleaved_per_head(models, tmp_path):
     g = run_convert(models["llama"], tmp_path / "l.gguf", outtype="f32")
     src = hf_tensors(models["llama"])

@@ -7,18 +7,22 @@ the numpy references) and the benchmarks (a ~0.6B-parameter random Qwen3 for spe
     tw = write_target("t.gguf", TargetConfig(arch="qwen3"), seed=0)
     dw = write_draft("d.gguf", DraftConfig(kind="dspark", markov_head_type="gated"), TargetConfig(), seed=1)
 
-Weights are drawn one tensor at a time from a numpy Generator seeded with (seed, tensor name), and
-streamed to the file, so a large model never sits in memory as a whole (pass return_weights=False),
-and the same tensor gets the same values whatever else the config adds.
+The files are written the way the converter writes them (`dspark_ggml.convert`): its metadata
+keys, tensor names, layer shapes, storage-type rule, encoders and GGUF writer; only the values
+come from here. Weights are drawn one tensor at a time, as the writer asks for them, from a numpy
+Generator seeded with (seed, tensor name), so a large model never sits in memory as a whole (pass
+return_weights=False), and the same tensor gets the same values whatever else the config adds.
 
 Orientation of the returned weights: every array has the numpy shape gguf-py uses, i.e. the ggml
 `ne` reversed. A ggml matrix {in, out} is a numpy [out, in] array (the nn.Linear layout), so
 `y = W @ x`; `token_embd.weight` {E, V} is [V, E], one row per token id. Quantized tensors are
 returned dequantized: exactly the values the runtime multiplies with. `d2t` is int64.
 
-Storage types: 2-D matrices follow `dtype`; 1-D tensors (norms, biases, scales, rope_freqs) stay
-F32 and `d2t` is I64, as llama.cpp's converter does. A matrix whose row length is not a multiple of
-the quant block size falls back to F16 (e.g. `conf_proj.weight` when E+R is not a multiple of 32).
+Storage types (the converter's rule): 2-D matrices follow `dtype`; 1-D tensors (norms, biases,
+scales, rope_freqs) stay F32 and `d2t` is I64. A matrix whose row length is not a multiple of the
+quant block size falls back to F16 (e.g. `conf_proj.weight` when E+R is not a multiple of 32).
+`dtype` may also be one of the types only llama-quantize makes (q4_0 ... q6_k), which the
+runtime reads.
 """
 from __future__ import annotations
 
@@ -28,12 +32,25 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from gguf import quants
+from gguf import GGUFValueType, quants
+
+from dspark_ggml.convert import gguf_keys as K
+from dspark_ggml.convert.backbone import Backbone, write_backbone_kv
+from dspark_ggml.convert.backbone import RopeScaling as BackboneRope
+from dspark_ggml.convert.draft_plan import ARCH as DRAFT_ARCH
+from dspark_ggml.convert.draft_plan import GLOBAL_NAMES as DRAFT_NAMES
+from dspark_ggml.convert.gemma4_tensors import gguf_layer_name as gemma4_layer_name
+from dspark_ggml.convert.metadata import KeyValues
+from dspark_ggml.convert.plan import ModelPlan, PlannedTensor
+from dspark_ggml.convert.quant import GGML_QUANTIZED, RUNTIME_OUT_TYPES, OutType, encode, tensor_type
+from dspark_ggml.convert.targets import GLOBAL_TENSORS as TARGET_NAMES
+from dspark_ggml.convert.tensor_names import D2T, ROPE_FREQS, layer_tensor_name, layer_tensor_shapes
+from dspark_ggml.convert.writer import write_gguf
 
 __all__ = [
     "TargetConfig",
@@ -52,19 +69,6 @@ RopeScaling = Union[Tuple[str, float], Tuple[str, float, int]]
 
 TARGET_ARCHS = ("qwen3", "llama", "qwen2")
 
-_DTYPES: Dict[str, QT] = {
-    "f32": QT.F32, "f16": QT.F16, "bf16": QT.BF16,
-    "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0, "q5_1": QT.Q5_1,
-    "q4_k": QT.Q4_K, "q5_k": QT.Q5_K, "q6_k": QT.Q6_K,
-}
-_FILE_TYPES: Dict[str, int] = {
-    "f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-    "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0, "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
-    "q5_0": gguf.LlamaFileType.MOSTLY_Q5_0, "q5_1": gguf.LlamaFileType.MOSTLY_Q5_1,
-    "q4_k": gguf.LlamaFileType.MOSTLY_Q4_K_M, "q5_k": gguf.LlamaFileType.MOSTLY_Q5_K_M,
-    "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K,
-}
 
 # Logit std of a head is about HEAD_GAIN (hidden RMS ~1 after the final norm): large enough that
 # greedy top-2 gaps are rarely tiny (f16 rounding would flip near-ties), small enough to sample.
@@ -122,7 +126,7 @@ class TargetConfig:
         if self.arch not in TARGET_ARCHS:
             raise ValueError(f"arch must be one of {TARGET_ARCHS}, got {self.arch!r}")
         _check_heads(self.n_head, self.n_head_kv, self.head_dim)
-        _dtype_type(self.dtype)
+        _out_type(self.dtype)
         if self.rope_scaling is not None:
             kind = self.rope_scaling[0]
             if kind == "linear" and len(self.rope_scaling) == 2:
@@ -214,7 +218,7 @@ class DraftConfig:
         if self.kind not in ("dspark", "dflash"):
             raise ValueError(f"kind must be 'dspark' or 'dflash', got {self.kind!r}")
         _check_heads(self.n_head, self.n_head_kv, self.head_dim)
-        _dtype_type(self.dtype)
+        _out_type(self.dtype)
         if self.markov_head_type not in ("vanilla", "gated", "rnn"):
             raise ValueError(f"markov_head_type must be vanilla|gated|rnn, got {self.markov_head_type!r}")
         if self.is_dspark and self.markov_rank <= 0:
@@ -286,7 +290,6 @@ class _Tensor:
     name: str
     shape: Tuple[int, ...]   # numpy shape (ggml ne reversed)
     init: Init
-    matrix: bool = False     # a 2-D weight stored in cfg.dtype; everything else F32 (or I64)
 
 
 def _normal(std: float) -> Init:
@@ -321,186 +324,179 @@ def _fixed(values: np.ndarray) -> Init:
     return lambda rng, shape: values.reshape(shape)
 
 
+def _target_backbone(cfg: TargetConfig) -> Backbone:
+    """The target as the converter's decoder description (keys and layer shapes come from it)."""
+    rope = BackboneRope("none")
+    if cfg.rope_scaling is not None:
+        kind, factor, *orig_ctx = cfg.rope_scaling
+        rope = BackboneRope(kind, factor=float(factor),
+                            original_context_length=int(orig_ctx[0]) if orig_ctx else None)
+    return Backbone(n_layer=cfg.n_layer, n_ctx=cfg.n_ctx_train, n_embd=cfg.n_embd, n_ff=cfg.n_ff,
+                    n_head=cfg.n_head, n_head_kv=cfg.n_head_kv, explicit_head_dim=cfg.head_dim,
+                    rms_eps=cfg.rms_eps, rope_theta=cfg.rope_theta, rope=rope,
+                    partial_rotary_factor=None, vocab_size=cfg.n_vocab,
+                    tie_word_embeddings=cfg.tied_embeddings, is_causal=None)
+
+
+def _draft_backbone(cfg: DraftConfig, target: TargetConfig) -> Backbone:
+    assert cfg.rope_theta is not None and cfg.n_ctx_train is not None
+    return Backbone(n_layer=cfg.n_layer, n_ctx=cfg.n_ctx_train, n_embd=target.n_embd, n_ff=cfg.n_ff,
+                    n_head=cfg.n_head, n_head_kv=cfg.n_head_kv, explicit_head_dim=cfg.head_dim,
+                    rms_eps=cfg.rms_eps, rope_theta=cfg.rope_theta, rope=BackboneRope("none"),
+                    partial_rotary_factor=None, vocab_size=target.n_vocab,
+                    tie_word_embeddings=False, is_causal=None)
+
+
+def _layer_init(part: str) -> Init:
+    """Norm weights around 1, small biases, unit-gain projections."""
+    if part.endswith("norm.weight"):
+        return _norm_weight()
+    if part.endswith(".bias"):
+        return _bias()
+    return _linear()
+
+
+def _layer_tensors(bb: Backbone, i: int, *, qk_norm: bool, qkv_bias: bool = False,
+                   skip: Tuple[str, ...] = ()) -> List[_Tensor]:
+    """Layer i's tensors as the converter names and shapes them (HF parts in `skip` left out)."""
+    shapes = layer_tensor_shapes(bb, qk_norm=qk_norm, qkv_bias=qkv_bias)
+    return [_Tensor(layer_tensor_name(f"layers.{i}.{part}")[2], shape, _layer_init(part))
+            for part, shape in shapes.items() if part not in skip]
+
+
+def _rope_freqs(head_dim: int, rope_theta: float, n_ctx_train: int) -> _Tensor:
+    factors = llama3_rope_factors(head_dim, rope_theta, n_ctx_train, **LLAMA3_ROPE)
+    return _Tensor(ROPE_FREQS, (head_dim // 2,), _fixed(factors))
+
+
 def _target_tensors(cfg: TargetConfig) -> List[_Tensor]:
-    E, V, F, D = cfg.n_embd, cfg.n_vocab, cfg.n_ff, cfg.head_dim
-    q_dim, kv_dim = cfg.n_head * D, cfg.n_head_kv * D
-    out = [_Tensor("token_embd.weight", (V, E), _normal(_EMBD_STD), matrix=True)]
+    bb = _target_backbone(cfg)
+    E, V = cfg.n_embd, cfg.n_vocab
+    out = [_Tensor(TARGET_NAMES["model.embed_tokens.weight"], (V, E), _normal(_EMBD_STD))]
     if cfg.rope_freqs:
-        factors = llama3_rope_factors(D, cfg.rope_theta, cfg.n_ctx_train, **LLAMA3_ROPE)
-        out.append(_Tensor("rope_freqs.weight", (D // 2,), _fixed(factors)))
+        out.append(_rope_freqs(cfg.head_dim, cfg.rope_theta, cfg.n_ctx_train))
     for i in range(cfg.n_layer):
-        p = f"blk.{i}."
-        out += [
-            _Tensor(p + "attn_norm.weight", (E,), _norm_weight()),
-            _Tensor(p + "attn_q.weight", (q_dim, E), _linear(), matrix=True),
-            _Tensor(p + "attn_k.weight", (kv_dim, E), _linear(), matrix=True),
-            _Tensor(p + "attn_v.weight", (kv_dim, E), _linear(), matrix=True),
-        ]
-        if cfg.arch == "qwen2":
-            out += [_Tensor(p + f"attn_{x}.bias", (n,), _bias())
-                    for x, n in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
-        if cfg.arch == "qwen3":
-            out += [_Tensor(p + "attn_q_norm.weight", (D,), _norm_weight()),
-                    _Tensor(p + "attn_k_norm.weight", (D,), _norm_weight())]
-        out += [
-            _Tensor(p + "attn_output.weight", (E, q_dim), _linear(), matrix=True),
-            _Tensor(p + "ffn_norm.weight", (E,), _norm_weight()),
-            _Tensor(p + "ffn_gate.weight", (F, E), _linear(), matrix=True),
-            _Tensor(p + "ffn_up.weight", (F, E), _linear(), matrix=True),
-            _Tensor(p + "ffn_down.weight", (E, F), _linear(), matrix=True),
-        ]
-    out.append(_Tensor("output_norm.weight", (E,), _norm_weight()))
+        out += _layer_tensors(bb, i, qk_norm=cfg.arch == "qwen3", qkv_bias=cfg.arch == "qwen2")
+    out.append(_Tensor(TARGET_NAMES["model.norm.weight"], (E,), _norm_weight()))
     if not cfg.tied_embeddings:
-        out.append(_Tensor("output.weight", (V, E), _linear(_HEAD_GAIN), matrix=True))
+        out.append(_Tensor(TARGET_NAMES["lm_head.weight"], (V, E), _linear(_HEAD_GAIN)))
     return out
 
 
 def _draft_tensors(cfg: DraftConfig, target: TargetConfig, seed: int) -> List[_Tensor]:
-    E, V, F, D = target.n_embd, target.n_vocab, cfg.n_ff, cfg.head_dim
+    E, V = target.n_embd, target.n_vocab
     Vd = cfg.draft_vocab if cfg.draft_vocab is not None else V
-    R = cfg.markov_rank
-    q_dim, kv_dim = cfg.n_head * D, cfg.n_head_kv * D
     assert cfg.target_layers is not None and cfg.rope_theta is not None and cfg.n_ctx_train is not None
     out: List[_Tensor] = []
     if cfg.own_embeddings:
-        out.append(_Tensor("token_embd.weight", (V, E), _normal(_EMBD_STD), matrix=True))
+        out.append(_Tensor(DRAFT_NAMES["embed_tokens.weight"], (V, E), _normal(_EMBD_STD)))
     if cfg.own_head:
-        out.append(_Tensor("output.weight", (Vd, E), _linear(_HEAD_GAIN), matrix=True))
-    out.append(_Tensor("fc.weight", (E, len(cfg.target_layers) * E), _linear(), matrix=True))
+        out.append(_Tensor(DRAFT_NAMES["lm_head.weight"], (Vd, E), _linear(_HEAD_GAIN)))
+    out.append(_Tensor(DRAFT_NAMES["fc.weight"], (E, len(cfg.target_layers) * E), _linear()))
     if cfg.fc_scale:
-        out.append(_Tensor("fc.scale", (1,), _uniform(0.5, 1.5)))
-    out += [_Tensor("enc.output_norm.weight", (E,), _norm_weight()),
-            _Tensor("output_norm.weight", (E,), _norm_weight())]
+        out.append(_Tensor("fc.scale", (1,), _uniform(0.5, 1.5)))  # runtime-only: no HF source
+    out += [_Tensor(DRAFT_NAMES["hidden_norm.weight"], (E,), _norm_weight()),
+            _Tensor(DRAFT_NAMES["norm.weight"], (E,), _norm_weight())]
     if cfg.rope_freqs:
-        factors = llama3_rope_factors(D, cfg.rope_theta, cfg.n_ctx_train, **LLAMA3_ROPE)
-        out.append(_Tensor("rope_freqs.weight", (D // 2,), _fixed(factors)))
+        out.append(_rope_freqs(cfg.head_dim, cfg.rope_theta, cfg.n_ctx_train))
+    bb = _draft_backbone(cfg, target)
     for i in range(cfg.n_layer):
-        out += _draft_layer_tensors(cfg, f"blk.{i}.", E, F, D, q_dim, kv_dim)
+        out += _draft_layer_tensors(cfg, bb, i)
     if cfg.is_dspark:
-        out += _markov_tensors(cfg, E, V, Vd, R)
+        out += _markov_tensors(cfg, E, V, Vd, cfg.markov_rank)
     if cfg.draft_vocab is not None:
         # absolute target ids of the draft rows: a sorted random subset (the converter's layout)
         ids = np.sort(np.random.default_rng([seed, zlib.crc32(b"d2t")]).choice(V, Vd, replace=False))
-        out.append(_Tensor("d2t", (Vd,), _fixed(ids.astype(np.int64))))
+        out.append(_Tensor(D2T, (Vd,), _fixed(ids.astype(np.int64))))
     return out
 
 
-def _draft_layer_tensors(cfg: DraftConfig, p: str, E: int, F: int, D: int,
-                         q_dim: int, kv_dim: int) -> List[_Tensor]:
-    out = [
-        _Tensor(p + "attn_norm.weight", (E,), _norm_weight()),
-        _Tensor(p + "attn_q.weight", (q_dim, E), _linear(), matrix=True),
-        _Tensor(p + "attn_k.weight", (kv_dim, E), _linear(), matrix=True),
-    ]
-    if not cfg.shared_kv:
-        out.append(_Tensor(p + "attn_v.weight", (kv_dim, E), _linear(), matrix=True))
-    out += [
-        _Tensor(p + "attn_output.weight", (E, q_dim), _linear(), matrix=True),
-        _Tensor(p + "attn_q_norm.weight", (D,), _norm_weight()),
-        _Tensor(p + "attn_k_norm.weight", (D,), _norm_weight()),
-    ]
+def _draft_layer_tensors(cfg: DraftConfig, bb: Backbone, i: int) -> List[_Tensor]:
+    """A Qwen3 layer; shared_kv drops V, post_norms / layer_output_scale add Gemma-4's parts."""
+    skip = ("self_attn.v_proj.weight",) if cfg.shared_kv else ()
+    out = _layer_tensors(bb, i, qk_norm=True, skip=skip)
     if cfg.post_norms:
-        out += [_Tensor(p + "post_attention_norm.weight", (E,), _norm_weight()),
-                _Tensor(p + "post_ffw_norm.weight", (E,), _norm_weight())]
+        out += [_Tensor(gemma4_layer_name(i, part), (bb.n_embd,), _norm_weight())
+                for part in ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")]
     if cfg.layer_output_scale:
-        out.append(_Tensor(p + "layer_output_scale.weight", (1,), _uniform(0.5, 1.5)))
-    out += [
-        _Tensor(p + "ffn_norm.weight", (E,), _norm_weight()),
-        _Tensor(p + "ffn_gate.weight", (F, E), _linear(), matrix=True),
-        _Tensor(p + "ffn_up.weight", (F, E), _linear(), matrix=True),
-        _Tensor(p + "ffn_down.weight", (E, F), _linear(), matrix=True),
-    ]
+        out.append(_Tensor(gemma4_layer_name(i, "layer_scalar"), (1,), _uniform(0.5, 1.5)))
     return out
 
 
 def _markov_tensors(cfg: DraftConfig, E: int, V: int, Vd: int, R: int) -> List[_Tensor]:
     # ggml shapes: markov_w1 {R,V}, markov_w2 {R,Vd}, markov_gate {E+R,R}, markov_joint {2R+E,3R},
     # conf_proj {E+R,1}. The bias W2.e has std ~1: it moves the argmax often enough to matter.
-    out = [_Tensor("markov_w1.weight", (V, R), _normal(1.0), matrix=True),
-           _Tensor("markov_w2.weight", (Vd, R), _linear(1.0), matrix=True)]
+    n = {part: DRAFT_NAMES[f"markov_head.{part}"] for part in (
+        "markov_w1.weight", "markov_w2.weight", "gate_proj.weight", "gate_proj.bias",
+        "joint_proj.weight", "joint_proj.bias")}
+    out = [_Tensor(n["markov_w1.weight"], (V, R), _normal(1.0)),
+           _Tensor(n["markov_w2.weight"], (Vd, R), _linear(1.0))]
     if cfg.markov_w2_scale:
-        out.append(_Tensor("markov_w2.scale", (1,), _uniform(0.5, 1.5)))
+        out.append(_Tensor("markov_w2.scale", (1,), _uniform(0.5, 1.5)))  # runtime-only
     if cfg.markov_head_type == "gated":
-        out += [_Tensor("markov_gate.weight", (R, E + R), _linear(), matrix=True),
-                _Tensor("markov_gate.bias", (R,), _bias(0.1))]
+        out += [_Tensor(n["gate_proj.weight"], (R, E + R), _linear()),
+                _Tensor(n["gate_proj.bias"], (R,), _bias(0.1))]
     elif cfg.markov_head_type == "rnn":
-        out += [_Tensor("markov_joint.weight", (3 * R, 2 * R + E), _linear(), matrix=True),
-                _Tensor("markov_joint.bias", (3 * R,), _bias(0.1))]
+        out += [_Tensor(n["joint_proj.weight"], (3 * R, 2 * R + E), _linear()),
+                _Tensor(n["joint_proj.bias"], (3 * R,), _bias(0.1))]
     if cfg.confidence_head:
-        out += [_Tensor("conf_proj.weight", (1, E + R), _linear(), matrix=True),
-                _Tensor("conf_proj.bias", (1,), _bias(0.1))]
+        out += [_Tensor(DRAFT_NAMES["confidence_head.proj.weight"], (1, E + R), _linear()),
+                _Tensor(DRAFT_NAMES["confidence_head.proj.bias"], (1,), _bias(0.1))]
     return out
 
 
 # ------------------------------------------------------------------------------------------------
-# metadata
+# metadata: the converter's keys; the backbone's through its own writer
 
 
-def _backbone_metadata(w: gguf.GGUFWriter, a: str, name: str, dtype: str, n_ctx_train: int, n_embd: int,
-                       c: Union[TargetConfig, "DraftConfig"]) -> None:
-    """The keys every model writes under its architecture prefix (dimensions, rope base, eps)."""
-    w.add_string("general.name", name)
-    w.add_uint32("general.file_type", int(_FILE_TYPES[dtype]))
-    w.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
-    w.add_uint32(f"{a}.context_length", n_ctx_train)
-    w.add_uint32(f"{a}.embedding_length", n_embd)
-    w.add_uint32(f"{a}.block_count", c.n_layer)
-    w.add_uint32(f"{a}.feed_forward_length", c.n_ff)
-    w.add_uint32(f"{a}.attention.head_count", c.n_head)
-    w.add_uint32(f"{a}.attention.head_count_kv", c.n_head_kv)
-    w.add_uint32(f"{a}.attention.key_length", c.head_dim)
-    w.add_uint32(f"{a}.attention.value_length", c.head_dim)
-    w.add_float32(f"{a}.rope.freq_base", float(c.rope_theta))
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", c.rms_eps)
+def _general_kv(kv: KeyValues, name: str, dtype: str) -> None:
+    kv.string(K.NAME, name)
+    kv.u32(K.FILE_TYPE, int(_out_type(dtype).file_type))
+    kv.u32(K.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION)
 
 
-def _target_metadata(w: gguf.GGUFWriter, cfg: TargetConfig) -> None:
-    a = cfg.arch
-    _backbone_metadata(w, a, cfg.name or f"tiny-random-{a}", cfg.dtype, cfg.n_ctx_train, cfg.n_embd, cfg)
-    if a == "llama":  # LlamaModel.set_gguf_parameters adds these two
-        w.add_uint32(f"{a}.vocab_size", cfg.n_vocab)
-        w.add_uint32(f"{a}.rope.dimension_count", cfg.head_dim)
-    if cfg.rope_scaling is not None:
-        kind, factor, *orig_ctx = cfg.rope_scaling
-        w.add_string(f"{a}.rope.scaling.type", kind)
-        w.add_float32(f"{a}.rope.scaling.factor", float(factor))
-        if kind == "yarn":
-            w.add_uint32(f"{a}.rope.scaling.original_context_length", int(orig_ctx[0]))
+def _target_kv(cfg: TargetConfig) -> KeyValues:
+    kv = KeyValues(cfg.arch)
+    _general_kv(kv, cfg.name or f"tiny-random-{cfg.arch}", cfg.dtype)
+    write_backbone_kv(_target_backbone(cfg), kv)  # rope scaling keys included
+    if cfg.arch == "llama":  # as the converter's llama layout
+        kv.u32(K.VOCAB_SIZE, cfg.n_vocab)
+        kv.u32(K.ROPE_DIMENSION_COUNT, cfg.head_dim)
     if cfg.with_tokenizer:
-        _tokenizer_metadata(w, cfg.n_vocab)
+        _tokenizer_kv(kv, cfg.n_vocab)
+    return kv
 
 
-def _draft_metadata(w: gguf.GGUFWriter, cfg: DraftConfig, target: TargetConfig) -> None:
-    a = "dflash"
+def _draft_kv(cfg: DraftConfig, target: TargetConfig) -> KeyValues:
     assert cfg.target_layers is not None and cfg.mask_token_id is not None
-    assert cfg.rope_theta is not None and cfg.n_ctx_train is not None
-    _backbone_metadata(w, a, cfg.name or f"tiny-random-{cfg.kind}", cfg.dtype, cfg.n_ctx_train, target.n_embd, cfg)
-    w.add_uint32(f"{a}.block_size", cfg.block_size)
-    w.add_array(f"{a}.target_layers", [int(i) for i in cfg.target_layers])  # INT32[]
+    kv = KeyValues(DRAFT_ARCH)
+    _general_kv(kv, cfg.name or f"tiny-random-{cfg.kind}", cfg.dtype)
+    write_backbone_kv(_draft_backbone(cfg, target), kv)
+    kv.u32(K.BLOCK_SIZE, cfg.block_size)
+    kv.array(K.TARGET_LAYERS, [int(i) for i in cfg.target_layers], GGUFValueType.INT32)
     if cfg.is_dspark:
-        w.add_bool(f"{a}.sample_from_anchor", cfg.sample_from_anchor)
-        w.add_bool(f"{a}.has_confidence_head", cfg.confidence_head)
-        w.add_string(f"{a}.markov_head_type", cfg.markov_head_type)
+        kv.boolean(K.SAMPLE_FROM_ANCHOR, cfg.sample_from_anchor)
+        kv.boolean(K.HAS_CONFIDENCE_HEAD, bool(cfg.confidence_head))
+        kv.string(K.MARKOV_HEAD_TYPE, cfg.markov_head_type)
     if cfg.causal is not None:
-        w.add_bool(f"{a}.attention.causal", cfg.causal)
+        kv.boolean(K.CAUSAL, cfg.causal)
     if cfg.hidden_activation is not None:
-        w.add_string(f"{a}.hidden_activation", cfg.hidden_activation)
-    if cfg.embedding_scale is not None:
-        w.add_float32(f"{a}.embedding_scale", cfg.embedding_scale)
-    if cfg.logit_softcap is not None:
-        w.add_float32(f"{a}.final_logit_softcapping", cfg.logit_softcap)
-    if cfg.attention_scale is not None:
-        w.add_float32(f"{a}.attention.scale", cfg.attention_scale)
-    if cfg.value_scale is not None:
-        w.add_float32(f"{a}.attention.value_scale", cfg.value_scale)
+        kv.string(K.HIDDEN_ACTIVATION, cfg.hidden_activation)
+    for key, value in ((K.EMBEDDING_SCALE, cfg.embedding_scale),
+                       (K.FINAL_LOGIT_SOFTCAPPING, cfg.logit_softcap),
+                       (K.ATTENTION_SCALE, cfg.attention_scale), (K.VALUE_SCALE, cfg.value_scale)):
+        if value is not None:
+            kv.f32(key, value)
     if cfg.sliding_window > 0:
         assert cfg.sliding_window_pattern is not None
-        w.add_uint32(f"{a}.attention.sliding_window", cfg.sliding_window)
-        w.add_array(f"{a}.attention.sliding_window_pattern", [bool(b) for b in cfg.sliding_window_pattern])
+        kv.u32(K.SLIDING_WINDOW, cfg.sliding_window)
+        kv.array(K.SLIDING_WINDOW_PATTERN, [bool(b) for b in cfg.sliding_window_pattern],
+                 GGUFValueType.BOOL)
     # the draft carries the target's tokenizer (the converter copies it), plus the MASK id
     if target.with_tokenizer:
-        _tokenizer_metadata(w, target.n_vocab)
-    w.add_uint32("tokenizer.ggml.mask_token_id", cfg.mask_token_id)
+        _tokenizer_kv(kv, target.n_vocab)
+    kv.u32(K.MASK_TOKEN_ID, cfg.mask_token_id)
+    return kv
 
 
 # ------------------------------------------------------------------------------------------------
@@ -560,7 +556,7 @@ def _merge_word(word: Tuple[str, ...], pair: Tuple[str, str]) -> Tuple[str, ...]
     return tuple(out)
 
 
-def _tokenizer_metadata(w: gguf.GGUFWriter, n_vocab: int) -> None:
+def _tokenizer_kv(kv: KeyValues, n_vocab: int) -> None:
     """ids 0..255 the byte symbols, then merged tokens, then [PADi] fillers, then the 4 specials."""
     n_free = n_vocab - 256 - len(_SPECIAL_TOKENS)
     if n_free < 0:
@@ -579,100 +575,81 @@ def _tokenizer_metadata(w: gguf.GGUFWriter, n_vocab: int) -> None:
     tokens += list(_SPECIAL_TOKENS)
     types += [int(gguf.TokenType.CONTROL)] * len(_SPECIAL_TOKENS)
     ids = special_token_ids(n_vocab)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "qwen2")
-    w.add_array("tokenizer.ggml.tokens", tokens)
-    w.add_array("tokenizer.ggml.token_type", types)
-    w.add_array("tokenizer.ggml.merges", merges)
-    w.add_uint32("tokenizer.ggml.bos_token_id", ids["<|endoftext|>"])
-    w.add_uint32("tokenizer.ggml.eos_token_id", ids["<|endoftext|>"])
-    w.add_uint32("tokenizer.ggml.eot_token_id", ids["<|im_end|>"])
-    w.add_uint32("tokenizer.ggml.padding_token_id", ids["<|endoftext|>"])
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
-    w.add_string("tokenizer.chat_template", _CHATML_TEMPLATE)
+    kv.string(K.TOKENIZER_MODEL, "gpt2")
+    kv.string(K.TOKENIZER_PRE, "qwen2")
+    kv.array(K.TOKENS, tokens, GGUFValueType.STRING)
+    kv.array(K.TOKEN_TYPES, types, GGUFValueType.INT32)
+    if merges:  # GGUF arrays cannot be empty: a vocabulary with no room for merges has none
+        kv.array(K.MERGES, merges, GGUFValueType.STRING)
+    kv.u32(K.SPECIAL_TOKEN_ID["bos"], ids["<|endoftext|>"])
+    kv.u32(K.SPECIAL_TOKEN_ID["eos"], ids["<|endoftext|>"])
+    kv.u32(gguf.Keys.Tokenizer.EOT_ID, ids["<|im_end|>"])  # the converter leaves EOT to the runtime
+    kv.u32(K.SPECIAL_TOKEN_ID["pad"], ids["<|endoftext|>"])
+    kv.boolean(K.ADD_SPECIAL_TOKEN["bos"], False)
+    kv.string(K.CHAT_TEMPLATE, _CHATML_TEMPLATE)
 
 
 # ------------------------------------------------------------------------------------------------
-# writing
+# writing: the converter's plan and writer, with sources that draw the weights
 
 
-def _dtype_type(dtype: str) -> QT:
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    return _DTYPES[dtype]
+def _out_type(dtype: str) -> OutType:
+    if dtype not in RUNTIME_OUT_TYPES:
+        raise ValueError(f"dtype must be one of {sorted(RUNTIME_OUT_TYPES)}, got {dtype!r}")
+    return RUNTIME_OUT_TYPES[dtype]
 
 
-# Types the gguf package cannot quantize (the K-quants) go through ggml's own kernels.
-_NATIVE_QUANT = {QT.Q4_K: "q4_k", QT.Q5_K: "q5_k", QT.Q6_K: "q6_k"}
+def _storage_type(t: _Tensor, out: OutType) -> QT:
+    """The converter's rule (1-D tensors F32, matrices `out`, F16 where rows do not split into
+    blocks); d2t holds ids, I64 as the converter writes it."""
+    return QT.I64 if t.name == D2T else tensor_type(t.name, t.shape, out)
 
 
-def _storage_type(t: _Tensor, qtype: QT) -> QT:
-    if not t.matrix:
-        return QT.I64 if t.name == "d2t" else QT.F32
-    block = gguf.GGML_QUANT_SIZES[qtype][0]
-    return qtype if t.shape[-1] % block == 0 else QT.F16
-
-
-def _encode(values: np.ndarray, qtype: QT) -> np.ndarray:
-    """The bytes (or typed array) stored in the file."""
+def _decode(stored: np.ndarray, qtype: QT, shape: Tuple[int, ...]) -> np.ndarray:
+    """What the runtime multiplies with: the stored values, dequantized."""
     if qtype == QT.I64:
-        return values.astype(np.int64)
-    if qtype == QT.F32:
-        return values.astype(np.float32)
-    if qtype == QT.F16:
-        return values.astype(np.float16)
-    if qtype in _NATIVE_QUANT:
-        from dspark_ggml.quant import quantize
-        return quantize(values, _NATIVE_QUANT[qtype])
-    return quants.quantize(values.astype(np.float32), qtype)
-
-
-def _decode(stored: np.ndarray, qtype: QT) -> np.ndarray:
-    if qtype == QT.I64:
-        return stored
+        return stored.reshape(shape)
     if qtype in (QT.F32, QT.F16):
-        return stored.astype(np.float32)
-    if qtype in _NATIVE_QUANT:
+        return stored.astype(np.float32).reshape(shape)
+    if qtype in GGML_QUANTIZED:
         from dspark_ggml.quant import dequantize
-        shape = tuple(quants.quant_shape_from_byte_shape(stored.shape, qtype))
-        return dequantize(stored, _NATIVE_QUANT[qtype], shape)
-    return quants.dequantize(stored, qtype).astype(np.float32)
+        return dequantize(stored, GGML_QUANTIZED[qtype], shape)
+    return quants.dequantize(stored, qtype).astype(np.float32).reshape(shape)
 
 
-def _stored_layout(shape: Tuple[int, ...], qtype: QT) -> Tuple[Tuple[int, ...], np.dtype]:
-    if qtype == QT.I64:
-        return shape, np.dtype(np.int64)
-    if qtype == QT.F32:
-        return shape, np.dtype(np.float32)
-    if qtype == QT.F16:
-        return shape, np.dtype(np.float16)
-    return tuple(quants.quant_shape_to_byte_shape(shape, qtype)), np.dtype(np.uint8)
+@dataclass(frozen=True)
+class _Drawn:
+    """A tensor source for the converter's writer: drawn when written, from a generator seeded
+    with (seed, name), so a large model never sits in memory and a tensor's values do not depend
+    on what else the config adds. With `keep`, the decoded stored values are put there."""
+
+    tensor: _Tensor
+    seed: int
+    qtype: QT
+    keep: Optional[Weights]
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return self.tensor.shape
+
+    def blocks(self, max_bytes: int) -> Iterator[np.ndarray]:
+        t = self.tensor
+        values = t.init(np.random.default_rng([self.seed, zlib.crc32(t.name.encode())]), t.shape)
+        if self.keep is not None:  # encoded twice (here and by the writer): cheap for test sizes
+            self.keep[t.name] = _decode(encode(values, self.qtype), self.qtype, t.shape)
+        yield values
 
 
-def _write_gguf(path: Union[str, Path], arch: str, add_metadata: Callable[[gguf.GGUFWriter], None],
-                tensors: Sequence[_Tensor], dtype: str, seed: int, return_weights: bool) -> Weights:
-    """Two passes over the plan: tensor infos first (shapes only), then draw-encode-write each."""
-    qtype = _dtype_type(dtype)
-    writer = gguf.GGUFWriter(str(path), arch)
-    add_metadata(writer)
-    plan = [(t, _storage_type(t, qtype)) for t in tensors]
-    for t, ttype in plan:
-        shape, np_dtype = _stored_layout(t.shape, ttype)
-        nbytes = int(np.prod(shape)) * np_dtype.itemsize
-        writer.add_tensor_info(t.name, shape, np_dtype, nbytes, raw_dtype=ttype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
+def _write(path: Union[str, Path], arch: str, kv: KeyValues, tensors: List[_Tensor], dtype: str,
+           seed: int, return_weights: bool) -> Weights:
+    out = _out_type(dtype)
     weights: Weights = {}
-    try:
-        for t, ttype in plan:
-            rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
-            stored = _encode(t.init(rng, t.shape), ttype)
-            writer.write_tensor_data(stored)
-            if return_weights:
-                weights[t.name] = _decode(stored, ttype).reshape(t.shape)
-    finally:
-        writer.close()
+    plan = ModelPlan(arch, kv)
+    for t in tensors:
+        qtype = _storage_type(t, out)
+        plan.add(PlannedTensor(t.name, _Drawn(t, seed, qtype, weights if return_weights else None),
+                               qtype))
+    write_gguf(plan, Path(path), force=True, progress=False)
     return weights
 
 
@@ -686,8 +663,8 @@ def write_target(path: Union[str, Path], cfg: TargetConfig, seed: int = 0,
     gguf_row[h, 2j+1].
     """
     cfg.validate()
-    return _write_gguf(path, cfg.arch, lambda w: _target_metadata(w, cfg), _target_tensors(cfg),
-                       cfg.dtype, seed, return_weights)
+    return _write(path, cfg.arch, _target_kv(cfg), _target_tensors(cfg), cfg.dtype, seed,
+                  return_weights)
 
 
 def write_draft(path: Union[str, Path], cfg: DraftConfig, target_cfg: TargetConfig, seed: int = 0,
@@ -701,8 +678,8 @@ def write_draft(path: Union[str, Path], cfg: DraftConfig, target_cfg: TargetConf
       rnn:   markov_joint.weight {2R+E, 3R}, markov_joint.bias {3R}
     """
     rcfg = cfg.resolve(target_cfg)
-    return _write_gguf(path, "dflash", lambda w: _draft_metadata(w, rcfg, target_cfg),
-                       _draft_tensors(rcfg, target_cfg, seed), rcfg.dtype, seed, return_weights)
+    return _write(path, DRAFT_ARCH, _draft_kv(rcfg, target_cfg), _draft_tensors(rcfg, target_cfg, seed),
+                  rcfg.dtype, seed, return_weights)
 
 
 def read_gguf_weights(path: Union[str, Path]) -> Weights:

@@ -34,11 +34,12 @@ from .plan import ArrayTensor, ModelPlan, PlannedTensor, StoredTensor
 from .quant import OutType, tensor_type
 from .safetensors_io import FLOAT_DTYPES, INT_DTYPES, Checkpoint, TensorRef, read_tensor, \
     tensors_equal
-from .tensor_names import layer_tensor_name, layer_tensor_shapes
+from .tensor_names import D2T, ROPE_FREQS, layer_tensor_name, layer_tensor_shapes
 
 ARCH = "dflash"
 
-_GLOBAL_NAMES = {
+# HF name (without `model.`) -> GGUF name of the tensors outside the decoder layers
+GLOBAL_NAMES = {
     "embed_tokens.weight": "token_embd.weight",
     "lm_head.weight": "output.weight",
     "fc.weight": "fc.weight",
@@ -162,7 +163,7 @@ def _check_layers(names: dict[str, TensorRef], table: LayerTable, spec: DraftSpe
 def _markov_head(names: dict[str, TensorRef], spec: DraftSpec, bb: Backbone,
                  n_vocab_draft: int) -> Optional[Markov]:
     present = {n for n in names if n.startswith("markov_head.")}
-    unknown = sorted(present - set(_GLOBAL_NAMES))
+    unknown = sorted(present - set(GLOBAL_NAMES))
     if unknown:
         raise ConversionError(f"unknown Markov head tensor(s) {unknown}")
     if not present:
@@ -366,7 +367,7 @@ def _plan_tensors(plan: ModelPlan, names: dict[str, TensorRef], layers: LayerTab
             continue
         if name == "lm_head.weight" and not sharing.keep_head:
             continue
-        gguf_name = layers[name][0] if name in layers else _GLOBAL_NAMES.get(name)
+        gguf_name = layers[name][0] if name in layers else GLOBAL_NAMES.get(name)
         if gguf_name is None:
             raise ConversionError(f"{ref.describe()}: unexpected tensor in a DFlash/DSpark draft")
         if ref.dtype not in FLOAT_DTYPES:
@@ -377,7 +378,7 @@ def _plan_tensors(plan: ModelPlan, names: dict[str, TensorRef], layers: LayerTab
         plan.add(PlannedTensor("output.weight", StoredTensor(head),
                                tensor_type("output.weight", head.shape, out)))
     if d2t is not None:
-        plan.add(PlannedTensor("d2t", ArrayTensor(d2t), GGMLQuantizationType.I64))
+        plan.add(PlannedTensor(D2T, ArrayTensor(d2t), GGMLQuantizationType.I64))
 
 
 def plan_draft(spec: DraftSpec, ckpt: Checkpoint, target: Target, out: OutType) -> ModelPlan:
@@ -406,7 +407,7 @@ def plan_draft(spec: DraftSpec, ckpt: Checkpoint, target: Target, out: OutType) 
     plan = ModelPlan(ARCH, _draft_kv(spec, bb, gemma, target_layers, markov, has_confidence))
     freqs = rope_freqs(gemma) if gemma is not None else None
     if freqs is not None:
-        plan.add(PlannedTensor("rope_freqs.weight", ArrayTensor(freqs), GGMLQuantizationType.F32))
+        plan.add(PlannedTensor(ROPE_FREQS, ArrayTensor(freqs), GGMLQuantizationType.F32))
     _plan_tensors(plan, names, layers, sharing, target, d2t, out)
     plan.notes.extend(spec.notes)
     return plan

@@ -18,6 +18,7 @@ from .metadata import KeyValues
 from .plan import ArrayTensor, ModelPlan, PlannedTensor, StoredTensor
 from .quant import OutType, tensor_type
 from .safetensors_io import FLOAT_DTYPES, Checkpoint, TensorRef, tensors_equal
+from .tensor_names import ROPE_FREQS
 
 ARCH = "gemma4"
 CONDITIONAL = "Gemma4ForConditionalGeneration"
@@ -67,7 +68,7 @@ def plan_gemma4_target(ckpt: Checkpoint, cfg: Config, out: OutType) -> tuple[Mod
     plan = ModelPlan(ARCH, kv)
     freqs = rope_freqs(g)
     if freqs is not None:
-        plan.add(PlannedTensor("rope_freqs.weight", ArrayTensor(freqs), GGMLQuantizationType.F32))
+        plan.add(PlannedTensor(ROPE_FREQS, ArrayTensor(freqs), GGMLQuantizationType.F32))
 
     prefix = TEXT_PREFIX[cfg.architecture()]
     table = target_table(g)

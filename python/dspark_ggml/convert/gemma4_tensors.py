@@ -104,14 +104,19 @@ def _stale_kv(g: Gemma4Text, i: int) -> dict[str, tuple[int, ...]]:
     return stale
 
 
+def gguf_layer_name(layer: int, part: str) -> str:
+    """GGUF name of one Gemma-4 layer tensor: (3, "layer_scalar") -> "blk.3.layer_output_scale.weight"."""
+    return f"blk.{layer}.{_LAYER_NAMES[part]}"
+
+
 def layer_table(g: Gemma4Text, prefix: str = "layers.") -> dict[str, Expected]:
     """Every decoder-layer tensor of a Gemma-4 stack, by HF name (from `layers.`)."""
     table = {}
     for i in range(g.n_layer):
         for part, shape in _layer(g, i).items():
-            table[f"{prefix}{i}.{part}"] = Expected(f"blk.{i}.{_LAYER_NAMES[part]}", shape)
+            table[f"{prefix}{i}.{part}"] = Expected(gguf_layer_name(i, part), shape)
         for part, shape in _stale_kv(g, i).items():
-            table[f"{prefix}{i}.{part}"] = Expected(f"blk.{i}.{_LAYER_NAMES[part]}", shape, False)
+            table[f"{prefix}{i}.{part}"] = Expected(gguf_layer_name(i, part), shape, False)
     return table
 
 

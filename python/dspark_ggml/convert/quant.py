@@ -2,9 +2,10 @@
 
 The per-tensor rule is llama.cpp's converter's: 1-D tensors, `*_norm.weight`, MoE routers
 (`ffn_gate_inp*.weight`) and anything that is not a `.weight` (biases, scales) stay F32; the
-other matrices (3-D expert tensors included) take the requested type; q8_0 falls back to F16 for
-a matrix whose rows do not split into 32-element blocks. Encoding uses the `gguf`
-package's quantizers, which are bit-exact with ggml's reference ones.
+other matrices (3-D expert tensors included) take the requested type; a quantized type falls back
+to F16 for a matrix whose rows do not split into its blocks. Encoding uses the `gguf` package's
+quantizers, which are bit-exact with ggml's reference ones, and ggml's own kernels (the runtime
+library) for the K-quants, which the `gguf` package cannot quantize.
 """
 from __future__ import annotations
 
@@ -39,6 +40,23 @@ OUT_TYPES = {
     "q8_0": OutType("q8_0", Q.Q8_0, LlamaFileType.MOSTLY_Q8_0),
 }
 OUTTYPE_CHOICES = (*OUT_TYPES, "auto")
+
+# Every type the runtime reads: the converter's, plus block types that only llama-quantize makes.
+# The converter does not offer the latter (neither does llama.cpp's); the tiny test models are
+# written in them to exercise the runtime's quantized kernels.
+RUNTIME_OUT_TYPES = {
+    **OUT_TYPES,
+    "q4_0": OutType("q4_0", Q.Q4_0, LlamaFileType.MOSTLY_Q4_0),
+    "q4_1": OutType("q4_1", Q.Q4_1, LlamaFileType.MOSTLY_Q4_1),
+    "q5_0": OutType("q5_0", Q.Q5_0, LlamaFileType.MOSTLY_Q5_0),
+    "q5_1": OutType("q5_1", Q.Q5_1, LlamaFileType.MOSTLY_Q5_1),
+    "q4_k": OutType("q4_k", Q.Q4_K, LlamaFileType.MOSTLY_Q4_K_M),
+    "q5_k": OutType("q5_k", Q.Q5_K, LlamaFileType.MOSTLY_Q5_K_M),
+    "q6_k": OutType("q6_k", Q.Q6_K, LlamaFileType.MOSTLY_Q6_K),
+}
+
+# gguf-py 0.19 has no quantizer for these: ggml's kernels, by the runtime's type name
+GGML_QUANTIZED = {Q.Q4_K: "q4_k", Q.Q5_K: "q5_k", Q.Q6_K: "q6_k"}
 
 
 def resolve_outtype(name: str, checkpoint: Checkpoint) -> OutType:
@@ -80,4 +98,8 @@ def encode(rows: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
         return rows.astype(np.float32, copy=False)
     if qtype == Q.F16:
         return rows.astype(np.float16, copy=False)
+    if qtype in GGML_QUANTIZED:
+        # imported here: only these types need the built runtime library
+        from ..quant import quantize as ggml_quantize
+        return ggml_quantize(rows, GGML_QUANTIZED[qtype])
     return quantize(rows.astype(np.float32, copy=False), qtype)

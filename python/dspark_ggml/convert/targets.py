@@ -21,7 +21,7 @@ from .moe import plan_qwen3moe_target
 from .plan import ArrayTensor, HeadPermutedTensor, ModelPlan, PlannedTensor, StoredTensor
 from .quant import OutType, tensor_type
 from .safetensors_io import Checkpoint, TensorRef, tensors_equal
-from .tensor_names import layer_tensor_name, layer_tensor_shapes
+from .tensor_names import ROPE_FREQS, layer_tensor_name, layer_tensor_shapes
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ FAMILIES = {
                           kind="gemma4") for arch in TEXT_PREFIX},
 }
 
-_GLOBAL_TENSORS = {
+# HF name -> GGUF name of the tensors outside the decoder layers
+GLOBAL_TENSORS = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
@@ -113,8 +114,8 @@ def llama3_rope_factors(bb: Backbone) -> np.ndarray:
 
 def _gguf_name(hf_name: str, bb: Backbone) -> tuple[str, Optional[str]]:
     """(GGUF name, key into the per-layer shape table or None for a global tensor)."""
-    if hf_name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[hf_name], None
+    if hf_name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[hf_name], None
     layer = layer_tensor_name(hf_name.removeprefix("model.")) if hf_name.startswith("model.") \
         else None
     if layer is None or layer[0] >= bb.n_layer:
@@ -137,7 +138,7 @@ def _plan_tensors(plan: ModelPlan, ckpt: Checkpoint, cfg: Config, family: Target
                      "output_norm.weight": (bb.n_embd,),
                      "output.weight": (bb.vocab_size, bb.n_embd)}
     if bb.rope.kind == "llama3":
-        plan.add(PlannedTensor("rope_freqs.weight", ArrayTensor(llama3_rope_factors(bb)),
+        plan.add(PlannedTensor(ROPE_FREQS, ArrayTensor(llama3_rope_factors(bb)),
                                GGMLQuantizationType.F32))
     for hf_name, ref in ckpt.items():
         if hf_name.endswith(".rotary_emb.inv_freq"):

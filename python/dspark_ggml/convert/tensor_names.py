@@ -24,6 +24,10 @@ _LAYER_MODULES = {
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
 }
+# tensors the converter computes rather than copies
+ROPE_FREQS = "rope_freqs.weight"  # per-pair rope frequency divisors
+D2T = "d2t"  # absolute target id of each draft-vocabulary row (I64)
+
 _LAYER_NAME = re.compile(r"^layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
