@@ -31,6 +31,8 @@ def main() -> int:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     ap.add_argument("--draft-modes", nargs="+", default=["greedy", "probabilistic"])
     ap.add_argument("--n-max", type=int, default=0)
+    ap.add_argument("--sampling", nargs="+", choices=("host", "backend"), default=["host"],
+                    help="where the target's verify rows are sampled; both: side by side")
     args = ap.parse_args()
     if not args.model:
         from dspark_ggml import demo
@@ -39,7 +41,8 @@ def main() -> int:
     tok = Tokenizer.from_gguf(args.model)
     prompts = [tok.encode(p, add_special=False) for p in load_prompts(args.prompts, args.n_prompts)]
     rows = compare(args.model, args.model_draft, prompts, temperatures=args.temperatures, draft_modes=args.draft_modes,
-                   max_tokens=args.max_tokens, n_threads=args.threads, n_max=args.n_max, eog=sorted(tok.eog_ids))
+                   max_tokens=args.max_tokens, n_threads=args.threads, n_max=args.n_max, eog=sorted(tok.eog_ids),
+                   backend_sampling=[s == "backend" for s in args.sampling])
     for r in rows:
         acc = ", ".join(f"{a:.2f}" for a in r.stats.acceptance_by_position)
         print(f"T={r.temperature} {r.draft_mode}: acceptance by position [{acc}]", file=sys.stderr)

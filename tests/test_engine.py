@@ -11,6 +11,7 @@ from dspark_ggml.engine import Engine
 from dspark_ggml.errors import InvalidArgumentError
 from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams, sample_rows
+from dspark_ggml.speculative import SpeculativeConfig
 from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 from tests.gguf_edit import rewrite_gguf
 
@@ -108,6 +109,39 @@ def test_sampled_output_equals_target_only_for_the_same_seed(setup):
         eng = _engine(target, drafts["bigram"], backend_sampling=backend)
         assert eng.generate(PROMPTS[2], sp) == ref
         assert eng.stats().n_accepted > 0
+
+
+def _run_jobs(eng, jobs):
+    """Run (prompt, SamplingParams) jobs as sequences 0, 1, ... of one batch; their tokens."""
+    outs = {s: list(eng.add(s, prompt, sp)) for s, (prompt, sp) in enumerate(jobs)}
+    while any(eng.status(s) == "active" for s in outs):
+        eng.step()
+        for s in outs:
+            outs[s] += eng.new_tokens(s)[0]
+    return [outs[s] for s in sorted(outs)]
+
+
+def test_auto_backend_sampling_matches_the_host_in_mixed_batches(setup):
+    """"auto" samples in the graph only batches whose sequences are all greedy; sequences that
+    finish change the batch's kind mid-run, and every token stays the host's."""
+    target, drafts = setup
+    greedy = SamplingParams(temperature=0.0, max_tokens=30)
+    short = SamplingParams(temperature=0.8, top_k=20, max_tokens=6, seed=7)  # leaves early: greedy-only after
+    jobs = [(PROMPTS[0], greedy), (PROMPTS[1], short), (PROMPTS[2], greedy)]
+    host = _run_jobs(_engine(target, drafts["bigram"], n_seq=3, backend_sampling=False), jobs)
+    for setting in ("auto", True):
+        assert _run_jobs(_engine(target, drafts["bigram"], n_seq=3, backend_sampling=setting), jobs) == host
+    assert host[0] == _greedy(target, PROMPTS[0], 30)
+
+
+def test_backend_sampling_setting_is_checked():
+    from dspark_ggml.engine import backend_sampling_value
+
+    assert backend_sampling_value("auto") == -1 and backend_sampling_value(True) == 1
+    with pytest.raises(InvalidArgumentError, match="backend_sampling"):
+        backend_sampling_value("yes")
+    with pytest.raises(InvalidArgumentError, match="backend_sampling"):
+        SpeculativeConfig(backend_sampling="sometimes").validate()
 
 
 def _marginals(target, draft, mode, seeds, n_pos=4, n_seq=32):

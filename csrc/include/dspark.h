@@ -437,6 +437,15 @@ enum dspark_verify_schedule {
                                        while the expected tokens/s (measured verify cost) keeps rising */
 };
 
+/* Where the target's verify rows are sampled. In the graph only token ids (and, for rejection
+ * sampling, p of each drafted token) leave the backend; on the host the logits are read back. */
+enum dspark_backend_sampling {
+    DSPARK_BACKEND_SAMPLING_AUTO = -1, /* in the graph for verify batches whose sequences are all greedy
+                                          (measured faster there), on the host otherwise */
+    DSPARK_BACKEND_SAMPLING_OFF  = 0,
+    DSPARK_BACKEND_SAMPLING_ON   = 1,
+};
+
 struct dspark_spec_params {
     int32_t n_max;            /* draft tokens per step; 0 = the draft's maximum (block_size, or block_size-1
                                  for DFlash and the 1+N layout); larger values are clamped to it */
@@ -445,7 +454,7 @@ struct dspark_spec_params {
     int32_t draft_mode;       /* enum dspark_draft_mode; default GREEDY_CHAIN */
     int32_t schedule;         /* enum dspark_verify_schedule; default STATIC */
     int32_t markov_top_k;     /* DSpark, argmax drafting: bias only the top-k base candidates (0 = exact) */
-    bool    backend_sampling; /* sample the target's verify rows inside its graph (greedy chain mode) */
+    int32_t backend_sampling; /* enum dspark_backend_sampling; default AUTO */
 };
 
 DSPARK_API struct dspark_spec_params dspark_spec_default_params(void);

@@ -45,6 +45,10 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
     if (params.draft_mode != DSPARK_DRAFT_GREEDY_CHAIN && params.draft_mode != DSPARK_DRAFT_PROBABILISTIC) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown draft mode %d", params.draft_mode);
     }
+    if (params.backend_sampling < DSPARK_BACKEND_SAMPLING_AUTO || params.backend_sampling > DSPARK_BACKEND_SAMPLING_ON) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "backend_sampling must be -1 (auto), 0 (off) or 1 (on), got %d",
+                     params.backend_sampling);
+    }
     if (!dft) {
         tgt.set_capture({});
         return;
@@ -487,6 +491,21 @@ void dspark_engine::verify(std::vector<plan> & plans) {
     }
 }
 
+// Sample this verify batch inside the target's graph? AUTO does where every sequence is greedy:
+// the graph's argmax saves reading the logits back, while its filters and sorts for temperature
+// sampling cost more than the host's (bench/bench_spec.py --sampling host backend).
+bool dspark_engine::in_graph_sampling(const std::vector<plan> & plans, size_t begin, size_t end) const {
+    if (params.backend_sampling != DSPARK_BACKEND_SAMPLING_AUTO) {
+        return params.backend_sampling == DSPARK_BACKEND_SAMPLING_ON;
+    }
+    for (size_t i = begin; i < end; ++i) {
+        if (!plans[i].s->sp.greedy()) {
+            return false;
+        }
+    }
+    return true;
+}
+
 // Decode plans [begin, end) in one target batch, then accept and commit each of them.
 double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size_t end) {
     auto t0 = clock_type::now();
@@ -495,7 +514,7 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
     std::vector<dspark_seq_id> seq;
     std::vector<target_sampling_group> groups;
     std::vector<float> uniforms, probes;
-    const bool backend = params.backend_sampling;
+    const bool backend = in_graph_sampling(plans, begin, end);
     for (size_t i = begin; i < end; ++i) {
         plan & p = plans[i];
         p.row = (int) tok.size();

@@ -70,6 +70,7 @@ struct dspark_engine {
     void schedule_by_confidence(std::vector<plan> & plans) const;
     void verify(std::vector<plan> & plans);
     double verify_chunk(std::vector<plan> & plans, size_t begin, size_t end);
+    bool   in_graph_sampling(const std::vector<plan> & plans, size_t begin, size_t end) const;
     std::vector<dspark_token> accept_greedy_chain(plan & p) const;
     std::vector<dspark_token> accept_rejection(plan & p);
     void draft_q_row(int block, int slot, float temperature, std::vector<float> & q) const;

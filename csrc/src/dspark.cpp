@@ -812,7 +812,7 @@ struct dspark_spec_params dspark_spec_default_params(void) {
     p.draft_mode = DSPARK_DRAFT_GREEDY_CHAIN;
     p.schedule = DSPARK_SCHEDULE_STATIC;
     p.markov_top_k = 0;
-    p.backend_sampling = false;
+    p.backend_sampling = DSPARK_BACKEND_SAMPLING_AUTO;
     return p;
 }
 

@@ -65,15 +65,17 @@ def _run(engine: Engine, prompts: Sequence[Sequence[int]], sp: SamplingParams, d
 def compare(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str], prompts: Sequence[Sequence[int]], *,
             temperatures: Sequence[float] = (0.0,), draft_modes: Sequence[str] = ("greedy",), max_tokens: int = 128,
             n_threads: int | None = None, n_max: int = 0, eog: Sequence[int] = (), progress: bool = False,
-            markov_top_k: int = 0) -> list[BenchRow]:
-    """Run every prompt target-only and speculatively, for each temperature and drafting mode."""
+            markov_top_k: int = 0, backend_sampling: Sequence[bool] = (False,)) -> list[BenchRow]:
+    """Run every prompt target-only and speculatively, for each temperature, drafting mode and
+    place of sampling (``backend_sampling``: host, in-graph, or both side by side)."""
     target = Model(target_path)
     draft = DraftModel(draft_path, target)
     n_ctx = max(len(p) for p in prompts) + max_tokens + 32
 
-    def engine(with_draft: bool, mode: str = "greedy") -> Engine:
+    def engine(with_draft: bool, mode: str = "greedy", in_graph: bool = False) -> Engine:
         return build_engine(target, draft if with_draft else None, n_ctx=n_ctx, context_options={"n_threads": n_threads},
-                            n_max=n_max, draft_mode=mode, eog=eog, markov_top_k=markov_top_k)
+                            n_max=n_max, draft_mode=mode, eog=eog, markov_top_k=markov_top_k,
+                            backend_sampling=in_graph)
 
     rows = []
     for temp in temperatures:
@@ -83,9 +85,12 @@ def compare(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[s
         for mode in draft_modes:
             if temp == 0.0 and mode != draft_modes[0]:
                 continue  # at temperature 0 every mode drafts the argmax chain
-            eng = engine(True, mode)
-            tok_s1 = _run(eng, prompts, SamplingParams(temperature=temp, max_tokens=max_tokens), f"T={temp} {mode}", progress)
-            rows.append(BenchRow(temp, mode, tok_s0, tok_s1, eng.stats(), sb.t_verify_ms / max(sb.n_steps, 1)))
+            for in_graph in backend_sampling:
+                eng = engine(True, mode, in_graph)
+                label = mode + (" +backend" if in_graph else "")
+                tok_s1 = _run(eng, prompts, SamplingParams(temperature=temp, max_tokens=max_tokens), f"T={temp} {label}",
+                              progress)
+                rows.append(BenchRow(temp, label, tok_s0, tok_s1, eng.stats(), sb.t_verify_ms / max(sb.n_steps, 1)))
     return rows
 
 

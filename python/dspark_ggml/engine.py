@@ -80,7 +80,9 @@ class Engine(NativeHandle):
         draft_mode: "greedy" (argmax chain, accept by matching the target's samples; default) or
             "probabilistic" (sampled chain, rejection sampling min(1, p/q)).
         schedule: "static" (default) or "confidence" (DSpark's prefix scheduler).
-        backend_sampling: sample the verify rows inside the target's graph. Default False.
+        backend_sampling: where the verify rows are sampled: True = inside the target's graph,
+            False = on the host, "auto" (default) = in the graph for batches whose sequences are
+            all greedy (faster there), on the host otherwise.
         eog: end-of-generation token ids.
         markov_top_k: DSpark, argmax drafting: add the Markov bias to each slot's top-k base
             candidates only (0, the default, is exact).
@@ -91,7 +93,7 @@ class Engine(NativeHandle):
 
     def __init__(self, target: Context, draft: DraftContext | None = None, *, n_max: int = 0, n_min: int = 0,
                  p_min: float = 0.0, draft_mode: str = "greedy", schedule: str = "static",
-                 backend_sampling: bool = False, eog: Sequence[int] = (), markov_top_k: int = 0) -> None:
+                 backend_sampling: bool | str = "auto", eog: Sequence[int] = (), markov_top_k: int = 0) -> None:
         if draft_mode not in draft_modes():
             raise InvalidArgumentError(f"draft_mode must be one of {sorted(draft_modes())}, got {draft_mode!r}")
         if schedule not in schedules():
@@ -99,7 +101,8 @@ class Engine(NativeHandle):
         lib, ffi = _lib.lib(), _lib.ffi()
         p = ffi.new("struct dspark_spec_params *", lib.dspark_spec_default_params())
         p.n_max, p.n_min, p.p_min = n_max, n_min, p_min
-        p.draft_mode, p.schedule, p.backend_sampling = draft_modes()[draft_mode], schedules()[schedule], backend_sampling
+        p.draft_mode, p.schedule = draft_modes()[draft_mode], schedules()[schedule]
+        p.backend_sampling = backend_sampling_value(backend_sampling)
         p.markov_top_k = markov_top_k
         self.target, self.draft = target, draft
         self._handle: Any = _lib.check_ptr(lib.dspark_engine_init(target.handle, draft.handle if draft else ffi.NULL, p))
@@ -190,6 +193,16 @@ class Engine(NativeHandle):
             self.step()
             out += self.new_tokens(seq_id)[0]
         return out
+
+
+def backend_sampling_value(setting: bool | str) -> int:
+    """The header's DSPARK_BACKEND_SAMPLING_* value of True / False / "auto"."""
+    values = _lib.enum("BACKEND_SAMPLING")
+    if setting == "auto":
+        return values["auto"]
+    if isinstance(setting, bool):
+        return values["on" if setting else "off"]
+    raise InvalidArgumentError(f"backend_sampling must be True, False or 'auto', got {setting!r}")
 
 
 def build_engine(target: Model, draft: DraftModel | None = None, *, n_ctx: int = 0,

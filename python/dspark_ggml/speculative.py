@@ -32,8 +32,9 @@ class SpeculativeConfig:
             distribution at temperature > 0).
         schedule: "static" (default: verify n_max tokens, cut by p_min) or "confidence" (DSpark's
             prefix scheduler; needs a confidence head; calibrates verify cost at load).
-        backend_sampling: sample the target's verify rows inside its ggml graph (greedy mode).
-            Default False.
+        backend_sampling: where the target's verify rows are sampled: True = inside its ggml graph,
+            False = on the host, "auto" (default) = in the graph when every sequence of the batch is
+            greedy (measured faster there), on the host otherwise.
         markov_top_k: DSpark, argmax drafting: add the Markov bias to each slot's top-k base
             candidates only, reading k rows of the Markov matrix per slot instead of all of them
             (large vocabularies on the CPU); 0 (default) = exact. 64 loses almost no acceptance.
@@ -45,7 +46,7 @@ class SpeculativeConfig:
     p_min: float = 0.0
     draft_mode: str = "greedy"
     schedule: str = "static"
-    backend_sampling: bool = False
+    backend_sampling: bool | str = "auto"
     markov_top_k: int = 0
 
     def __post_init__(self) -> None:
@@ -66,6 +67,8 @@ class SpeculativeConfig:
         if self.n_max < 0 or self.n_min < 0:
             raise InvalidArgumentError(f"n_max and n_min must be >= 0, got n_max={self.n_max}, "
                                        f"n_min={self.n_min}")
+        if not (isinstance(self.backend_sampling, bool) or self.backend_sampling == "auto"):
+            raise InvalidArgumentError(f"backend_sampling must be True, False or 'auto', got {self.backend_sampling!r}")
         if self.markov_top_k < 0:
             raise InvalidArgumentError(f"markov_top_k must be >= 0, got {self.markov_top_k}")
         if self.n_max and self.n_min > self.n_max:

@@ -82,8 +82,9 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"greedy chain or sampled chain with rejection sampling (default: {d.draft_mode})")
     g.add_argument("--spec-schedule", dest="schedule", choices=sorted(schedules()),
                    help=f"verify a fixed block or DSpark's confidence schedule (default: {d.schedule})")
-    g.add_argument("--backend-sampling", action="store_true", default=None,
-                   help="sample the verify rows inside the target's graph")
+    g.add_argument("--backend-sampling", nargs="?", const="on", choices=("auto", "on", "off"), default=None,
+                   help="sample the verify rows inside the target's graph: on, off, or auto = in the graph when "
+                        "every sequence is greedy (default: auto; the flag alone: on)")
     g.add_argument("--spec-markov-top-k", dest="markov_top_k", type=int, metavar="K",
                    help="DSpark: bias only each slot's top-K base candidates (faster on large vocabularies; "
                         f"default: {d.markov_top_k} = exact)")
@@ -135,6 +136,8 @@ def check_model_arguments(args: argparse.Namespace) -> None:
 def speculative_from_args(args: argparse.Namespace) -> SpeculativeConfig:
     names = ("n_max", "n_min", "p_min", "draft_mode", "schedule", "backend_sampling", "markov_top_k")
     given: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if "backend_sampling" in given:
+        given["backend_sampling"] = {"auto": "auto", "on": True, "off": False}[given["backend_sampling"]]
     if args.spec_type is not None:
         given["method"] = SPEC_TYPES[args.spec_type]
     return SpeculativeConfig.from_dict(given)
