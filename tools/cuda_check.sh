@@ -10,11 +10,29 @@ cd "$(dirname "$0")/.."
 ARCH=${1:-native}
 export PATH=/usr/local/cuda/bin:$PATH
 
+# ggml-cuda needs cuBLAS (header and library) next to nvcc; a toolkit without it fails at CMake's
+# generate step with "CUDA::cublas ... target was not found", so say so plainly first.
+cuda_root=$(dirname "$(dirname "$(command -v nvcc)")")
+if ! find "$cuda_root"/ /usr/include -maxdepth 4 -name cublas_v2.h 2>/dev/null | grep -q .; then
+    echo "cuda_check: no cuBLAS next to $(command -v nvcc) (cublas_v2.h not found); ggml-cuda needs it:" \
+         "install the toolkit's cuBLAS (e.g. apt-get install libcublas-dev-13-0, or the full CUDA toolkit)" >&2
+    exit 2
+fi
+
+# Without a GPU driver there is no libcuda.so to link ggml's virtual-memory pool against: a compile
+# check then builds without it (GGML_CUDA_NO_VMM, a supported ggml option).
+extra=()
+if [ "${BUILD_ONLY:-0}" = 1 ] && ! ldconfig -p | grep -q "libcuda.so" && \
+   ! find "$cuda_root"/ -maxdepth 4 -name "libcuda.so" 2>/dev/null | grep -q .; then
+    echo "cuda_check: no libcuda.so (no driver): compile check with GGML_CUDA_NO_VMM=ON" >&2
+    extra+=(-Ccmake.define.GGML_CUDA_NO_VMM=ON)
+fi
+
 ggml_tree=$(python3 third_party/llama_cpp_sdist.py extract ggml)
 python3 -m venv .venv-cuda
 .venv-cuda/bin/pip install -q ".[test]" -Cbuild-dir=build/cuda-"$ARCH" \
     -Ccmake.define.DSPARK_GGML_SOURCE_DIR="$ggml_tree" -Ccmake.define.GGML_CUDA=ON \
-    -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$ARCH"
+    -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$ARCH" ${extra[@]+"${extra[@]}"}
 .venv-cuda/bin/dspark-ggml info --system
 [ "${BUILD_ONLY:-0}" = 1 ] && exit 0
 
