@@ -518,8 +518,14 @@ DSPARK_API int32_t dspark_engine_n_draft(const struct dspark_engine * engine);
 DSPARK_API int32_t dspark_engine_add(struct dspark_engine * engine, dspark_seq_id seq_id, const struct dspark_request * request);
 /* One step for every active sequence. Returns the number of sequences still active, or < 0. */
 DSPARK_API int32_t dspark_engine_step(struct dspark_engine * engine);
-/* Tokens the last add/step committed for a sequence, and which came from the draft; valid until the
- * next add/step. Returns their count. */
+/* Up to max_steps steps, as many dspark_engine_step calls but without returning in between; ends
+ * early after a step in which a sequence finished (its slot can take a new request), when no
+ * sequence is active, or while a stop is requested (dspark_engine_request_abort). The tokens of
+ * all its steps accumulate for dspark_engine_get_tokens. Returns the number of steps run, or < 0
+ * when a step failed: the tokens of the steps before it are still there to read. */
+DSPARK_API int32_t dspark_engine_run(struct dspark_engine * engine, int32_t max_steps);
+/* Tokens the last add/step/run committed for a sequence, and which came from the draft; valid
+ * until the next add/step/run. Returns their count. */
 DSPARK_API int32_t dspark_engine_get_tokens(const struct dspark_engine * engine, dspark_seq_id seq_id,
                                             const dspark_token ** tokens, const uint8_t ** from_draft);
 DSPARK_API int32_t dspark_engine_seq_status(const struct dspark_engine * engine, dspark_seq_id seq_id);

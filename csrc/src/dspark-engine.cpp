@@ -277,12 +277,45 @@ int dspark_engine::draft_budget(const dspark_seq_state & s) const {
 
 // ---- one step -------------------------------------------------------------------------------------
 
+void dspark_engine::clear_new_tokens() {
+    for (auto & kv : seqs) {
+        kv.second.new_tokens.clear();
+        kv.second.new_from_draft.clear();
+    }
+}
+
 int32_t dspark_engine::step() {
+    clear_new_tokens();
+    return step_once();
+}
+
+// The loop a host language would otherwise run around step(), kept here so that a generation
+// without per-step work on the host (no streaming, no stop strings) makes no call out per step.
+int32_t dspark_engine::run(int32_t max_steps) {
+    if (max_steps < 1) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "max_steps must be >= 1, got %d", max_steps);
+    }
+    clear_new_tokens();
+    int32_t n = 0;
+    int32_t active = 0;
+    for (auto & kv : seqs) {
+        active += kv.second.status == DSPARK_SEQ_ACTIVE;
+    }
+    while (n < max_steps && active > 0 && !abort.requested.load(std::memory_order_relaxed)) {
+        const int32_t before = active;
+        active = step_once();
+        n++;
+        if (active < before) {
+            break;  // the host may hand the free slot to a waiting request
+        }
+    }
+    return n;
+}
+
+int32_t dspark_engine::step_once() {
     std::vector<plan> plans;
     for (auto & kv : seqs) {
         dspark_seq_state & s = kv.second;
-        s.new_tokens.clear();
-        s.new_from_draft.clear();
         if (s.status == DSPARK_SEQ_ACTIVE) {
             if ((uint32_t) s.n_past >= tgt.params.n_ctx) {
                 s.status = DSPARK_SEQ_CTX_FULL;

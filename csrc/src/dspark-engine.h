@@ -54,9 +54,15 @@ struct dspark_engine {
     const dspark_seq_state & seq(int32_t seq_id) const;     // throws for an unknown sequence
     int32_t status(int32_t seq_id) const;                   // DSPARK_SEQ_IDLE for an unknown one
     int32_t step();                                         // returns the number of active sequences
+    // Up to max_steps steps, ending early after a step in which a sequence finished, when none is
+    // active, or when a stop was requested; the tokens of all of them accumulate. Returns the
+    // number of steps run. A failing step throws; the tokens of the steps before it stay readable.
+    int32_t run(int32_t max_steps);
     void remove(int32_t seq_id);
 
   private:
+    void    clear_new_tokens();
+    int32_t step_once();  // one step, adding to each sequence's new tokens; returns the active count
     struct plan {  // one sequence's part of a step
         dspark_seq_state * s;
         std::vector<dspark_token> draft;     // tokens to verify after the anchor

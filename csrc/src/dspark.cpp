@@ -867,6 +867,19 @@ int32_t dspark_engine_step(struct dspark_engine * e) {
     return st < 0 ? st : active;
 }
 
+int32_t dspark_engine_run(struct dspark_engine * e, int32_t max_steps) {
+    if (!e) {
+        dspark_set_last_error("dspark_engine_run: engine is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    int32_t n = 0;
+    const int32_t st = guard([&]() {
+        n = e->run(max_steps);
+        return DSPARK_STATUS_OK;
+    });
+    return st < 0 ? st : n;
+}
+
 int32_t dspark_engine_get_tokens(const struct dspark_engine * e, dspark_seq_id seq_id, const dspark_token ** tokens,
                                  const uint8_t ** from_draft) {
     if (!e) {

@@ -94,14 +94,18 @@ class DecodeLoop:
         n_slots: sequences run at once.
         tokenizer: for text; None = token ids only (chunks carry no text).
         interrupt: the stop request the engine's abort callback reads.
+        per_step: hand out a chunk per verify step (streaming). Otherwise the engine runs steps
+            without returning until a sequence finishes, as long as no request has stop strings
+            (those are matched on the text, here, after each step).
     """
 
     def __init__(self, engine: Engine, n_slots: int, tokenizer: Tokenizer | None,
-                 interrupt: Interrupt) -> None:
+                 interrupt: Interrupt, per_step: bool = True) -> None:
         self.engine = engine
         self.n_slots = n_slots
         self.tokenizer = tokenizer
         self.interrupt = interrupt
+        self.per_step = per_step
         self.live: dict[int, _LiveSequence] = {}
 
     def run(self, requests: Sequence[Request]) -> Iterator[GenerationChunk]:
@@ -144,18 +148,28 @@ class DecodeLoop:
             self.live[seq.seq_id] = seq
             yield self._chunk(seq, tokens, [False] * len(tokens))
 
+    def _steps_per_call(self) -> int:
+        if self.per_step or any(seq.request.stop_texts for seq in self.live.values()):
+            return 1
+        return 1 << 30  # the engine returns when a sequence finishes
+
     def _step(self) -> Iterator[GenerationChunk]:
+        failure: Exception | None = None
         try:
             with self.interrupt.catching_sigint():
-                self.engine.step()
-        except ContextFullError:
+                self.engine.run(self._steps_per_call())
+        except (ContextFullError, AbortedError) as e:
+            failure = e  # the steps before the failing one committed tokens: hand them out first
+        for seq in list(self.live.values()):
+            tokens, from_draft = self.engine.new_tokens(seq.seq_id)
+            if tokens or failure is None:
+                yield self._chunk(seq, tokens, from_draft)
+        if isinstance(failure, AbortedError):
+            raise failure
+        if failure is not None and self.live:
             # the cells are shared by the sequences: end the longest one, the others go on
             longest = max(self.live.values(), key=lambda s: len(s.request.prompt) + s.n_tokens)
             yield self._finish(longest, longest.last_chunk("context_full"))
-            return
-        for seq in list(self.live.values()):
-            tokens, from_draft = self.engine.new_tokens(seq.seq_id)
-            yield self._chunk(seq, tokens, from_draft)
 
     def _abort_all(self, waiting: deque[Request]) -> Iterator[GenerationChunk]:
         if self.interrupt.by_signal:

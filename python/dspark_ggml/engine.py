@@ -144,8 +144,15 @@ class Engine(NativeHandle):
         """One speculative step for every active sequence; returns how many are still active."""
         return _lib.check(_lib.lib().dspark_engine_step(self.handle))
 
+    def run(self, max_steps: int) -> int:
+        """Up to ``max_steps`` steps in one call (no return to Python in between), ending early after
+        a step in which a sequence finished, when none is active, or while a stop is requested.
+        The tokens of all of them accumulate for :meth:`new_tokens`. Returns the steps run; when a
+        step fails it raises, and the tokens of the steps before it can still be read."""
+        return _lib.check(_lib.lib().dspark_engine_run(self.handle, max_steps))
+
     def new_tokens(self, seq_id: int) -> tuple[list[int], list[bool]]:
-        """Tokens the last add/step committed for a sequence, and which came from the draft."""
+        """Tokens the last add/step/run committed for a sequence, and which came from the draft."""
         ffi = _lib.ffi()
         tp, fp = ffi.new("const int32_t **"), ffi.new("const uint8_t **")
         n = _lib.check(_lib.lib().dspark_engine_get_tokens(self.handle, seq_id, tp, fp))
@@ -190,7 +197,7 @@ class Engine(NativeHandle):
         """Generate one sequence to completion; returns the new tokens."""
         out = list(self.add(seq_id, prompt, sampling))
         while self.status(seq_id) == "active":
-            self.step()
+            self.run(1 << 30)
             out += self.new_tokens(seq_id)[0]
         return out
 

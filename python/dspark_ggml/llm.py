@@ -255,7 +255,7 @@ class LLM:
         generation on this LLM while the stream is unfinished (the stream then just ends).
         """
         request = self._request(prompt, with_options(sampling_params, options))
-        return self._start([request])
+        return self._start([request], per_step=True)
 
     def generate_batch(self, prompts: Sequence[Prompt],
                        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -361,18 +361,18 @@ class LLM:
         if stream is not None:
             stream.close()  # its cleanup removes its sequences
 
-    def _start(self, requests: list[Request]) -> Generator[GenerationChunk, None, None]:
+    def _start(self, requests: list[Request], per_step: bool = False) -> Generator[GenerationChunk, None, None]:
         self._check_open()
         self._end_unfinished_stream()
-        stream = self._drive(requests)
+        stream = self._drive(requests, per_step)
         # a weak reference, so that a stream dropped by its consumer is still closed (and its
         # sequences removed) as soon as it is garbage
         self._stream = weakref.ref(stream)
         return stream
 
-    def _drive(self, requests: list[Request]) -> Generator[GenerationChunk, None, None]:
+    def _drive(self, requests: list[Request], per_step: bool) -> Generator[GenerationChunk, None, None]:
         self._interrupt.clear()
-        yield from DecodeLoop(self.engine, self.n_seq_max, self.tokenizer, self._interrupt).run(requests)
+        yield from DecodeLoop(self.engine, self.n_seq_max, self.tokenizer, self._interrupt, per_step).run(requests)
 
     @staticmethod
     def _collect(chunks: Generator[GenerationChunk, None, None],
