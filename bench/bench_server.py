@@ -8,9 +8,10 @@ Each level sends ``--requests`` streamed greedy completions (default: 4 per clie
 from ``concurrency`` clients at once. Per request: TTFT (time to the first text), TPOT (time per
 output token after the first); per level: tokens/s summed over the requests and p50/p99 of both.
 Servers run with as many slots as the largest concurrency. With --llama-server, the same load goes
-to `llama-server -m TARGET -md DRAFT --spec-type draft-dspark -np N` and the table adds our
-throughput as a ratio of its. Flash attention is off on both sides (our server's default: the
-same tokens in any batch).
+to `llama-server -m TARGET -md DRAFT --spec-type draft-dspark -np N -fa on` and the table adds our
+throughput as a ratio of its. Flash attention is on on both sides (ours: its default, with
+batch-invariant kernels; `--llama-args "-fa off"` runs llama-server without it). Our servers run
+their default schedule (adaptive) unless --ours-args says otherwise.
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def llama_server(binary: str, n_slots: int, threads: int, n_ctx_per_slot: int, e
     cmd = [binary, "-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-type", "draft-dspark",
            "--spec-draft-n-max", "8",
            "-np", str(n_slots), "-c", str(n_slots * n_ctx_per_slot), "-t", str(threads), "-tb", str(threads),
-           "-fa", "off", "--port", str(port), "--host", "127.0.0.1", "--no-webui", *extra]
+           "-fa", "on", "--port", str(port), "--host", "127.0.0.1", "--no-webui", *extra]
     return Server("llama-server+draft", cmd, port)
 
 

@@ -414,8 +414,12 @@ enum dspark_draft_mode {
 
 enum dspark_verify_schedule {
     DSPARK_SCHEDULE_STATIC     = 0, /* verify n_max drafts, cut by p_min */
-    DSPARK_SCHEDULE_CONFIDENCE = 1, /* DSpark's prefix scheduler: add draft positions by survival probability
-                                       while the expected tokens/s (measured verify cost) keeps rising */
+    DSPARK_SCHEDULE_CONFIDENCE = 1, /* DSpark's prefix scheduler: draft a block as ADAPTIVE does, then keep
+                                       the draft positions, by survival probability (the confidences'
+                                       product), that raise the expected tokens per verify time most */
+    DSPARK_SCHEDULE_ADAPTIVE   = 2, /* per step one block length 0 .. n_max (0: no draft) maximising expected
+                                       tokens per ms, from measured draft and verify costs and the running
+                                       acceptance of each sequence: shorter blocks as the batch grows */
 };
 
 struct dspark_spec_params {
