@@ -2,10 +2,11 @@
 and what a step costs, as the number of sequences decoded at once grows, on the demo pair.
 
     python bench/bench_schedule.py [--batch 1 4 16] [--schedules none static adaptive confidence]
-                                   [--max-tokens 128] [--threads 1] [--flash-attn on|off]
+                                   [--max-tokens 128] [--threads 1] [--flash-attn on|off] [--rounds 3]
 
 Per batch size B: B greedy requests run at once (prompts of bench_server.py, B = 1: each prompt
-alone, one after the other), until all finish. Per schedule and B: tokens/s over the whole run
+alone, one after the other), until all finish; --rounds runs of each, in turns, and the median
+one is shown. Per schedule and B: tokens/s over the whole run
 (prefill included), the ratio to target-only decoding ("none") measured in the same run, steps,
 the mean draft tokens per sequence and step, the share of step time spent drafting, and the
 target and draft graphs built / reused. The contexts run the server's batch-invariant kernels.
@@ -81,12 +82,17 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--flash-attn", choices=("on", "off"), default="on")
+    ap.add_argument("--rounds", type=int, default=3, help="runs per schedule, in turns; the median is shown")
     args = ap.parse_args()
     rows = []
     for batch in args.batch:
         base = None
+        runs: dict[str, list[dict]] = {s: [] for s in args.schedules}
+        for _ in range(args.rounds):  # schedules take turns: a load change hits them all
+            for schedule in args.schedules:
+                runs[schedule].append(measure(schedule, batch, args))
         for schedule in args.schedules:
-            r = measure(schedule, batch, args)
+            r = sorted(runs[schedule], key=lambda r: r["tokens"] / r["wall"])[args.rounds // 2]
             tps = r["tokens"] / r["wall"]
             base = tps if schedule == "none" else base
             steps = r["steps"] or 1

@@ -9,6 +9,11 @@
 // draft cache to catch up and graphs to rebuild).
 static constexpr long kExploreMin = 16;
 static constexpr long kExploreMax = 256;
+// A new length must promise this much more than the current one: a change of length rebuilds
+// the target's and the draft's graphs, and a draft resumed after steps without one first injects
+// what they committed; neither is in the per-step costs (on a small model a rebuild costs about a
+// step), so near-ties would otherwise flip the length back and forth.
+static constexpr double kSwitchMargin = 0.15;
 // Weight of a new gap in its running mean.
 static constexpr double kNewGap = 0.25;
 
@@ -37,9 +42,9 @@ double dspark_block_schedule::rate(const std::vector<const dspark_acceptance *> 
         rows += 1 + k;
         drafting += k > 0;
     }
-    double ms = gap_ms + verify.at(rows);
+    double ms = gap_ms + verify.at(rows, now());
     if (K > 0 && drafting > 0) {
-        ms += draft[K].at(drafting);
+        ms += draft[K].at(drafting, now());
     }
     return tokens / ms;
 }
@@ -54,6 +59,9 @@ int dspark_block_schedule::choose(const std::vector<const dspark_acceptance *> &
             best = K;
             best_rate = r;
         }
+    }
+    if (last_best >= 0 && best != last_best && rate(seqs, budget, last_best) * (1.0 + kSwitchMargin) >= best_rate) {
+        best = last_best;
     }
     if (best != last_best) {
         explore_every = kExploreMin;

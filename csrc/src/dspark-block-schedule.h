@@ -23,6 +23,8 @@ struct dspark_block_schedule {
     // Time between the end of the last step and the start of this one (capped: an idle server is
     // not a cost of stepping).
     void observe_gap(double ms, double last_step_ms);
+    // The schedule's clock, in steps (what the cost curves age their measurements by).
+    uint64_t now() const { return (uint64_t) n_steps + 1; }
     // Expected tokens per ms of a step of length K (what choose maximises).
     double rate(const std::vector<const dspark_acceptance *> & seqs, const std::vector<int> & budget, int K) const;
 

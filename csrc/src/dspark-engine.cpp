@@ -364,11 +364,13 @@ int32_t dspark_engine::step() {
         blocks.observe_gap(std::chrono::duration<double, std::milli>(t0 - last_step_end).count(), last_step_ms);
     }
     const int k = dft && n_draft > 0 ? (costed() ? choose_block(plans) : n_draft) : 0;
-    int block = 0;
-    const int n_drafting = dft && n_draft > 0 ? draft_blocks(plans, k, block) : 0;
+    const uint64_t draft_builds = dft ? dft->n_graphs_built : 0;
+    const drafted d = dft && n_draft > 0 ? draft_blocks(plans, k) : drafted();
     const double t_draft = ms_since(t0);
-    if (costed() && n_drafting > 0) {
-        blocks.draft[block].observe(n_drafting, t_draft);
+    if (costed() && d.n_seqs > 0 && d.steady && dft->n_graphs_built == draft_builds) {
+        // what the next steps at this length cost: not a catch-up (the features of steps without a
+        // draft) nor a graph build (a change of shape), both paid once
+        blocks.draft[d.block].observe(d.n_seqs, t_draft, blocks.now());
     }
     verify(plans);  // accounts its own time
     total.t_draft_ms += t_draft;
@@ -399,10 +401,10 @@ int dspark_engine::choose_block(const std::vector<plan> & plans) {
 // Draft up to k tokens (<= n_draft) for every greedy sequence with room for them, and n_draft for
 // every sampled one: a sampled sequence's draws depend on its block length, which must not depend
 // on its batch mates (a seeded request samples the same alone and in any batch). Returns how many
-// sequences drafted, and in `block` the length of the block the draft ran.
-int dspark_engine::draft_blocks(std::vector<plan> & plans, int k_greedy, int & n_block) {
+// sequences drafted, the length of the block the draft ran, and whether it had to catch up.
+dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, int k_greedy) {
     std::vector<int> budget(plans.size());
-    n_block = 0;
+    int n_block = 0;
     std::vector<dspark_token> anchors;
     std::vector<dspark_pos> pos0;
     std::vector<dspark_seq_id> ids;
@@ -418,7 +420,7 @@ int dspark_engine::draft_blocks(std::vector<plan> & plans, int k_greedy, int & n
         }
     }
     if (which.empty()) {
-        return 0;
+        return drafted();
     }
     // the drafting sequences' committed positions go into the draft cache in the same graph
     std::vector<float> inj_feat;
@@ -502,7 +504,11 @@ int dspark_engine::draft_blocks(std::vector<plan> & plans, int k_greedy, int & n
     if (params.schedule == DSPARK_SCHEDULE_CONFIDENCE) {
         schedule_by_confidence(plans);
     }
-    return (int) which.size();
+    drafted d;
+    d.n_seqs = (int) which.size();
+    d.block = n_block;
+    d.steady = inj_pos.size() <= which.size() * (size_t) (n_block + 1);
+    return d;
 }
 
 // DSpark's hardware-aware prefix scheduler: order the drafted positions by their prefix survival
@@ -522,7 +528,7 @@ void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
     std::vector<size_t> n(plans.size(), 0);
     double expected = (double) plans.size();  // every sequence emits at least the target's token
     int batch = (int) plans.size();
-    double best_rate = expected / blocks.verify.at(batch);
+    double best_rate = expected / blocks.verify.at(batch, blocks.now());
     std::vector<size_t> best_n = n;
     for (;;) {
         size_t best = plans.size();
@@ -537,7 +543,7 @@ void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
         expected += surv[best][n[best]];
         batch++;
         n[best]++;
-        const double r = expected / blocks.verify.at(batch);
+        const double r = expected / blocks.verify.at(batch, blocks.now());
         if (r > best_rate) {
             best_rate = r;
             best_n = n;
@@ -626,12 +632,13 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
         }
     }
     std::vector<int8_t> out(tok.size(), 1);
+    const uint64_t builds = tgt.n_graphs_built;
     dspark_batch b = {(int32_t) tok.size(), tok.data(), pos.data(), seq.data(), out.data()};
     tgt.decode(b, backend ? &groups : nullptr, backend ? uniforms.data() : nullptr, backend ? probes.data() : nullptr);
     const double t_verify = ms_since(t0);
     total.t_verify_ms += t_verify;
-    if (costed()) {
-        blocks.verify.observe((int) tok.size(), t_verify);
+    if (costed() && tgt.n_graphs_built == builds) {  // a graph build is paid once per shape
+        blocks.verify.observe((int) tok.size(), t_verify, blocks.now());
     }
 
     t0 = clock_type::now();

@@ -75,7 +75,12 @@ struct dspark_engine {
     };
     bool costed() const { return params.schedule != DSPARK_SCHEDULE_STATIC; }
     int  choose_block(const std::vector<plan> & plans);
-    int  draft_blocks(std::vector<plan> & plans, int k_greedy, int & n_block);
+    struct drafted {
+        int  n_seqs = 0;      // sequences that drafted
+        int  block = 0;       // the block length the draft ran
+        bool steady = false;  // it injected no more than a step's rows (no catching up)
+    };
+    drafted draft_blocks(std::vector<plan> & plans, int k_greedy);
     void schedule_by_confidence(std::vector<plan> & plans) const;
     void verify(std::vector<plan> & plans);
     double verify_chunk(std::vector<plan> & plans, size_t begin, size_t end);
