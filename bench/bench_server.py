@@ -2,15 +2,16 @@
 without the draft, on the demo pair; optionally the same load against llama.cpp's llama-server.
 
     python bench/bench_server.py [--concurrency 1 4 16] [--max-tokens 128] [--threads N]
-                                 [--llama-server PATH] [--json OUT.json]
+                                 [--llama-server PATH] [--rounds N] [--json OUT.json]
 
 Each level sends ``--requests`` streamed greedy completions (default: 4 per client, at least 8)
 from ``concurrency`` clients at once. Per request: TTFT (time to the first text), TPOT (time per
 output token after the first); per level: tokens/s summed over the requests and p50/p99 of both.
 Servers run with as many slots as the largest concurrency. With --llama-server, the same load goes
-to `llama-server -m TARGET -md DRAFT --spec-type draft-dspark -np N` and the table adds our
-throughput as a ratio of its. Flash attention is off on both sides (our server's default: the
-same tokens in any batch).
+to `llama-server -m TARGET -md DRAFT --spec-type draft-dspark -np N -fa on` and the table adds our
+throughput as a ratio of its. Flash attention is on on both sides (ours: its default, with
+batch-invariant kernels; `--llama-args "-fa off"` runs llama-server without it). Our servers run
+their default schedule (adaptive) unless --ours-args says otherwise.
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def llama_server(binary: str, n_slots: int, threads: int, n_ctx_per_slot: int, e
     cmd = [binary, "-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-type", "draft-dspark",
            "--spec-draft-n-max", "8",
            "-np", str(n_slots), "-c", str(n_slots * n_ctx_per_slot), "-t", str(threads), "-tb", str(threads),
-           "-fa", "off", "--port", str(port), "--host", "127.0.0.1", "--no-webui", *extra]
+           "-fa", "on", "--port", str(port), "--host", "127.0.0.1", "--no-webui", *extra]
     return Server("llama-server+draft", cmd, port)
 
 
@@ -208,6 +209,9 @@ def main() -> int:
     ap.add_argument("--ours-args", default="", metavar="ARGS",
                     help="more `dspark-ggml serve` flags, e.g. '--spec-draft-n-max 3'")
     ap.add_argument("--llama-args", default="", metavar="ARGS", help="more llama-server flags")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every server this many times, in turns, and report each level's median "
+                         "round (by tokens/s): on a shared machine one round can be noisy")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = ap.parse_args()
     n_slots = max(args.concurrency)
@@ -218,17 +222,21 @@ def main() -> int:
         factories.append(("llama-server+draft",
                           lambda: llama_server(args.llama_server, n_slots, args.threads,
                                                args.max_tokens + 256, theirs)))
-    levels: list[Level] = []
-    for name, make in factories:
-        server = make()
-        try:
-            one_request(httpx.Client(base_url=server.url, timeout=600), PROMPTS[0], 8)  # warm up
-            for c in args.concurrency:
-                n = args.requests or max(8, 4 * c)
-                levels.append(run_level(server, c, n, args.max_tokens))
-                print(f"{name} c={c}: {levels[-1].tokens_per_s:.1f} tokens/s", file=sys.stderr, flush=True)
-        finally:
-            server.close()
+    runs: dict[tuple[str, int], list[Level]] = {}
+    for _ in range(args.rounds):  # servers take turns: a load change on the machine hits them all
+        for name, make in factories:
+            server = make()
+            try:
+                one_request(httpx.Client(base_url=server.url, timeout=600), PROMPTS[0], 8)  # warm up
+                for c in args.concurrency:
+                    n = args.requests or max(8, 4 * c)
+                    lv = run_level(server, c, n, args.max_tokens)
+                    runs.setdefault((name, c), []).append(lv)
+                    print(f"{name} c={c}: {lv.tokens_per_s:.1f} tokens/s", file=sys.stderr, flush=True)
+            finally:
+                server.close()
+    # per server and level the round of median throughput
+    levels = [sorted(rs, key=lambda lv: lv.tokens_per_s)[len(rs) // 2] for rs in runs.values()]
     _report(levels)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(lv) for lv in levels], indent=2))

@@ -320,6 +320,49 @@ def test_confidence_schedule_changes_the_verify_lengths(setup, tmp_path):
     assert n_sched < n_static / 4, (n_sched, n_static)
 
 
+@pytest.mark.parametrize("name", ["bigram", "dspark"])
+def test_adaptive_schedule_is_lossless(setup, name):
+    """Greedy output of three sequences at once equals target-only, whatever block lengths the
+    schedule picks (a draft often right, and a random one)."""
+    target, drafts = setup
+    expected = [_greedy(target, p, 30) for p in PROMPTS]
+    assert _run_batch(_engine(target, drafts[name], n_seq=3, schedule="adaptive"), 30) == expected
+
+
+def test_adaptive_schedule_stops_drafting_what_is_never_accepted(setup, tmp_path):
+    """A draft whose every proposal is a token the target never emits: drafting only costs, so the
+    adaptive schedule drafts next to nothing (a try now and then) where the static one drafts full
+    blocks every step, with the same output. A schedule that ignores acceptance fails this."""
+    target, drafts = setup
+    expected = [_greedy(target, p, 40) for p in PROMPTS]
+    never = 0 if 0 not in {t for e in expected for t in e} else next(t for t in range(V) if t not in
+                                                                     {t for e in expected for t in e})
+    r = drafts["bigram"].info.markov_rank
+    head = np.zeros((V, 64), np.float32)
+    bias = np.zeros((V, r), np.float32)
+    bias[never, :] = 1e3  # the Markov bias puts `never` on top of every slot
+    wrong = DraftModel(rewrite_gguf(drafts["bigram"].path, tmp_path / "wrong.gguf", tensors={
+        "output.weight": head, "markov_w1.weight": np.ones((V, r), np.float32), "markov_w2.weight": bias}), target)
+    static = _engine(target, wrong, n_seq=3)
+    adaptive = _engine(target, wrong, n_seq=3, schedule="adaptive")
+    assert _run_batch(static, 40) == expected
+    assert _run_batch(adaptive, 40) == expected
+    assert static.stats().n_accepted == 0
+    n_static, n_adaptive = static.stats().n_drafted, adaptive.stats().n_drafted
+    assert n_static >= 3 * static.n_draft * 5  # full blocks, every step
+    assert n_adaptive < n_static / 4, (n_adaptive, n_static)
+
+
+def test_adaptive_and_confidence_schedules_calibrate_on_empty_contexts(setup):
+    target, drafts = setup
+    ctx = Context(target, n_ctx=256, n_seq_max=2, type_kv="f32", n_threads=1)
+    dctx = DraftContext(drafts["bigram"], n_ctx=256, n_seq_max=2, type_kv="f32", n_threads=1)
+    Engine(ctx, dctx, schedule="adaptive").add(0, PROMPTS[0])  # calibrates, then leaves cells behind
+    with pytest.raises(InvalidArgumentError, match="calibrate on empty contexts"):
+        Engine(ctx, dctx, schedule="adaptive")
+    assert Engine(ctx, dctx).n_draft > 0  # the static schedule needs no calibration
+
+
 def test_engine_refuses_what_cannot_work(setup, tmp_path):
     target, drafts = setup
     ctx = Context(target, n_ctx=64, n_outputs_max_per_seq=2)

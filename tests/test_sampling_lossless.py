@@ -79,10 +79,11 @@ def models(tmp_path_factory):
             "w2": w2, "reduced": DraftModel(reduced, target), "dflash": DraftModel(d / "dflash.gguf", target)}
 
 
-def _engine(target, draft, n_seq: int, mode: str = "probabilistic", backend: bool = False) -> Engine:
+def _engine(target, draft, n_seq: int, mode: str = "probabilistic", backend: bool = False,
+            schedule: str = "static") -> Engine:
     ctx = Context(target, n_ctx=n_seq * 32, n_seq_max=n_seq, n_batch=512, type_kv="f32", n_threads=1)
     dctx = DraftContext(draft, n_ctx=n_seq * 32, n_seq_max=n_seq, type_kv="f32", n_threads=1) if draft else None
-    return Engine(ctx, dctx, draft_mode=mode, backend_sampling=backend)
+    return Engine(ctx, dctx, draft_mode=mode, backend_sampling=backend, schedule=schedule if draft else "static")
 
 
 def _counts(target, draft, seed0: int, n_seq: int = 32, backend: bool = False) -> tuple[np.ndarray, object]:
@@ -207,17 +208,21 @@ def _prompt(i: int) -> list[int]:
     return [(5 * i + 7 * j + 2) % V for j in range(2 + i % 4)]
 
 
-@pytest.mark.parametrize("mode", ["probabilistic", "greedy"])
-def test_a_sampled_sequence_is_the_same_alone_and_in_a_mixed_batch(models, mode):
+@pytest.mark.parametrize("mode,schedule", [("probabilistic", "static"), ("greedy", "static"),
+                                           ("probabilistic", "adaptive"), ("greedy", "adaptive")])
+def test_a_sampled_sequence_is_the_same_alone_and_in_a_mixed_batch(models, mode, schedule):
+    """Seeded requests: the same tokens alone and among 11 others. The adaptive schedule's block
+    length depends on the batch; a sampled sequence drafts full blocks whatever it is, or its
+    draws would too."""
     target, draft = models["target"], models["full"]
     n = 12
-    eng = _engine(target, draft, n, mode)
+    eng = _engine(target, draft, n, mode, schedule=schedule)
     outs = [list(eng.add(s, _prompt(s), _mixed(s))) for s in range(n)]
     while any(eng.status(s) == "active" for s in range(n)):
         eng.step()
         for s in range(n):
             outs[s] += eng.new_tokens(s)[0]
-    alone = [_engine(target, draft, 1, mode).generate(_prompt(i), _mixed(i)) for i in range(n)]
+    alone = [_engine(target, draft, 1, mode, schedule=schedule).generate(_prompt(i), _mixed(i)) for i in range(n)]
     assert outs == alone
     # and a different seed changes the output (the seed is used)
     assert _engine(target, draft, 1, mode).generate(_prompt(1), SamplingParams(**{**_mixed(1).__dict__, "seed": 7})) != alone[1]

@@ -4,6 +4,7 @@ queue, bad requests, the API key, the body limit, /metrics, and SIGTERM draining
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,9 @@ from server_process import ServerProcess  # noqa: E402
 KEY = "test-key-0123456789"
 MODEL = "dspark-ggml-demo"
 MAX_BODY = 65536
-COMMON = ["--demo", "-t", "1"]  # tiny models: more threads only add overhead on a shared machine
+SERVER_FA = {"on": True, "off": False}.get(os.environ.get("DSPARK_TEST_SERVER_FA", ""), "auto")
+COMMON = ["--demo", "-t", "1",  # tiny models: more threads only add overhead on a shared machine
+          "-fa", {True: "on", False: "off", "auto": "auto"}[SERVER_FA]]
 PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in range(10):\n", "def main():\n",
            "try:\n", "with open(path) as f:\n", "if __name__ == '__main__':\n"]
 QUESTIONS = ["Write a function that adds two numbers", "hi", "What does os.path.join do?"]
@@ -37,7 +40,10 @@ QUESTIONS = ["Write a function that adds two numbers", "hi", "What does os.path.
 def server(tmp_path_factory):
     """The main server: 8 slots, room for every request of the load test, an API key, a small body limit."""
     log = tmp_path_factory.mktemp("server") / "server.log"
-    srv = ServerProcess([*COMMON, "-np", "8", "--queue-size", "120", "--max-body", str(MAX_BODY)], log, KEY)
+    # the static schedule drafts every step (the default adaptive one may draft nothing on the demo
+    # pair): losslessness under load is tested with drafts in every batch, and the stats have some
+    srv = ServerProcess([*COMMON, "-np", "8", "--queue-size", "120", "--max-body", str(MAX_BODY),
+                         "--spec-schedule", "static"], log, KEY)
     yield srv
     assert srv.terminate() == 0, srv.log()
     assert "Traceback" not in srv.log(), srv.log()  # no request ended in an internal error
@@ -55,9 +61,10 @@ def small_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference():
-    """Target-only decoding in this process: what every greedy request must return. Flash attention
-    off, as the server runs by default (its kernel's rounding depends on the batch)."""
-    with LLM(TARGET_PATH, n_threads=1, flash_attn=False) as llm:
+    """Target-only decoding in this process: what every greedy request must return. The server's
+    kernels: batch-invariant ones, flash attention where it runs (DSPARK_TEST_SERVER_FA=off: the
+    server and this reference without it)."""
+    with LLM(TARGET_PATH, n_threads=1, flash_attn=SERVER_FA, batch_invariant=True) as llm:
         yield llm
 
 

@@ -109,9 +109,26 @@ def test_overrides_the_setting_cannot_take_are_refused():
              speculative={"schedule": "confidence"}) as llm:
         pool = EnginePool(llm)
         assert pool.get(SpecOverride(off=True)) is not pool.default
-        with pytest.raises(InvalidArgumentError, match="static schedule"):
+        with pytest.raises(InvalidArgumentError, match="static or adaptive"):
             pool.get(SpecOverride(n_max=3))
         pool.close()
+
+
+def test_adaptive_schedule_is_lossless_in_a_batch_and_takes_overrides(make_scheduler, target_only):
+    """The server's default schedule: greedy requests decoded together (the block length changes
+    with the batch) return what the target alone generates; a request's n_max runs a fixed block
+    (an engine created while serving: it cannot calibrate, so it is static)."""
+    sched, pool, llm = make_scheduler(n_slots=4, speculative={"schedule": "adaptive"})
+    prompts = [PROMPT, "import os\n", "class Stack:\n", "try:\n"]
+    jobs = [job(llm, p, max_tokens=40, index=i) for i, p in enumerate(prompts)]
+    sched.submit(jobs)
+    for j, p in zip(jobs, prompts):
+        assert result(j)[0] == target_only.generate(p, max_tokens=40).tokens
+    fixed = job(llm, max_tokens=24, speculative=SpecOverride(n_max=2))
+    sched.submit([fixed])
+    tokens, _, stats = result(fixed)
+    assert tokens == target_only.generate(PROMPT, max_tokens=24).tokens
+    assert stats.n_drafted > 0 and len(stats.drafted_at) <= 2  # a fixed block of 2, every step
 
 
 def test_cancel_frees_the_slot_at_the_next_step(make_scheduler):

@@ -283,6 +283,47 @@ def test_a_sequence_gets_the_same_logits_whatever_its_neighbours_did(make_target
     assert np.array_equal(mixed.get_logits(), alone.get_logits()[6:8])
 
 
+def _rows_of_seq0(model, mates, n_query, n_cached, **options):
+    """Seq 0's logits for n_query new tokens after n_cached, decoded in one batch with `mates` other
+    sequences (each n_query tokens after a cache of its own length)."""
+    ctx = Context(model, n_ctx=2048, n_seq_max=16, n_threads=2, type_kv="f16", **options)  # 2: a split cache
+    rng = np.random.default_rng(1)
+    for s in range(mates + 1):
+        n = n_cached if s == 0 else 20 + 9 * s
+        for off in range(0, n, 256):
+            m = min(256, n - off)
+            ctx.decode(rng.integers(1, 200, m), np.arange(off, off + m), s)
+    tok, pos, seq = [], [], []
+    for s in range(mates + 1):
+        start = ctx.kv_seq_pos_max(s) + 1
+        tok += [7 + s + j for j in range(n_query)]
+        pos += list(range(start, start + n_query))
+        seq += [s] * n_query
+    ctx.decode(tok, pos, seq, outputs=np.ones(len(tok), bool))
+    return ctx.get_logits(copy=True)[:n_query]
+
+
+@pytest.mark.parametrize("n_query,n_cached", [(9, 40), (1, 600)])
+def test_batch_invariant_kernels_give_a_row_the_same_logits_in_any_batch(make_target, n_query, n_cached):
+    """With flash attention ggml's CPU picks kernels by batch shape (a tiled one from 64 queries, a
+    split over the cache for one query over >= 512 cells), which round differently; batch_invariant
+    keeps the row-by-row kernel, so a verify block decodes the same alone and in a batch of 8.
+    (q8_0 weights: an f32 matmul of one row rounds unlike one of several, with or without this.)"""
+    path, _, _ = make_target("batch_invariant_q8_0", arch="qwen3", dtype="q8_0")
+    model = Model(path)
+    alone = _rows_of_seq0(model, 0, n_query, n_cached, flash_attn=True, batch_invariant=True)
+    for mates in (1, 7):
+        mixed = _rows_of_seq0(model, mates, n_query, n_cached, flash_attn=True, batch_invariant=True)
+        assert np.array_equal(mixed, alone), f"{mates} batch mates: max |diff| {np.abs(mixed - alone).max()}"
+
+
+def test_batch_invariant_is_reported_in_the_params(make_target):
+    path, _, _ = make_target("batch_invariant", arch="qwen3")
+    model = Model(path)
+    assert Context(model, n_ctx=64, batch_invariant=True).params.batch_invariant is True
+    assert Context(model, n_ctx=64).params.batch_invariant is False
+
+
 def test_a_tied_head_runs_from_a_repacked_copy_and_computes_the_same(make_target):
     """Tied embeddings are both gathered (rows must stay plain) and the lm head (a matmul the CPU
     repacks): the head gets a repacked copy; the logits agree with the unrepacked model."""

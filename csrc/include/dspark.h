@@ -260,6 +260,10 @@ struct dspark_context_params {
     int32_t  n_threads;             /* CPU threads; <= 0 = all hardware threads                            */
     int32_t  type_kv;               /* enum dspark_kv_type; default F16                                     */
     int32_t  flash_attn;            /* enum dspark_flash_attn; default AUTO                                 */
+    bool     batch_invariant;       /* CPU: ggml's reference kernels, so a row's results do not depend on the
+                                       rest of its batch (flash attention row by row, no tiled matmul, no
+                                       fused ops); what a server needs for the same tokens in any batch.
+                                       Default false (the faster batch-dependent kernels) */
 };
 
 DSPARK_API struct dspark_context_params dspark_context_default_params(void);
@@ -433,8 +437,12 @@ enum dspark_draft_mode {
 
 enum dspark_verify_schedule {
     DSPARK_SCHEDULE_STATIC     = 0, /* verify n_max drafts, cut by p_min */
-    DSPARK_SCHEDULE_CONFIDENCE = 1, /* DSpark's prefix scheduler: add draft positions by survival probability
-                                       while the expected tokens/s (measured verify cost) keeps rising */
+    DSPARK_SCHEDULE_CONFIDENCE = 1, /* DSpark's prefix scheduler: draft a block as ADAPTIVE does, then keep
+                                       the draft positions, by survival probability (the confidences'
+                                       product), that raise the expected tokens per verify time most */
+    DSPARK_SCHEDULE_ADAPTIVE   = 2, /* per step one block length 0 .. n_max (0: no draft) maximising expected
+                                       tokens per ms, from measured draft and verify costs and the running
+                                       acceptance of each sequence: shorter blocks as the batch grows */
 };
 
 /* Where the target's verify rows are sampled. In the graph only token ids (and, for rejection

@@ -109,6 +109,19 @@ ggml_backend_t dspark_backend_init(ggml_backend_dev_t dev) {
     return backend;
 }
 
+void dspark_backend_set_reference_kernels(ggml_backend_t backend, bool on) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    ggml_backend_reg_t reg = dev && dspark_device_is_cpu(dev) ? ggml_backend_dev_backend_reg(dev) : nullptr;
+    if (!reg) {
+        return;
+    }
+    // looked up, not linked: the CPU backend may be a dynamically loaded module
+    auto fn = (void (*)(ggml_backend_t, bool)) ggml_backend_reg_get_proc_address(reg, "ggml_backend_cpu_set_use_ref");
+    if (fn) {
+        fn(backend, on);
+    }
+}
+
 void dspark_backend_set_threads(ggml_backend_t backend, int n_threads) {
     ggml_backend_dev_t dev = ggml_backend_get_device(backend);
     ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;

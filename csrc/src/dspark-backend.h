@@ -19,6 +19,9 @@ bool               dspark_device_is_cpu(ggml_backend_dev_t dev);
 // Initialise a backend on a device; throws with the device name on failure.
 ggml_backend_t dspark_backend_init(ggml_backend_dev_t dev);
 void           dspark_backend_set_threads(ggml_backend_t backend, int n_threads);
+// CPU backend: run ggml's reference kernels (row by row flash attention, no tiled matmul, no op
+// fusion), whose per-row results do not depend on how many rows the batch has; no-op elsewhere.
+void           dspark_backend_set_reference_kernels(ggml_backend_t backend, bool on);
 
 // "ggml <version> (<commit>); backends: CPU [AVX2 ...], ...": the version and every backend with
 // the features it reports (loads the backends first).

@@ -61,6 +61,10 @@ void dspark_compute::set_threads(int n_threads) {
     }
 }
 
+void dspark_compute::set_batch_invariant(bool on) {
+    dspark_backend_set_reference_kernels(backend_cpu, on);
+}
+
 bool dspark_compute::abort_trampoline(void * self) {
     const dspark_compute * c = (const dspark_compute *) self;
     if (!c->abortable) {

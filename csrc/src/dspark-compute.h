@@ -29,6 +29,9 @@ struct dspark_compute {
     // the scheduler gets a backend for each so those reads work wherever the models live.
     void init(ggml_backend_dev_t dev, int n_threads, size_t max_nodes, const std::vector<ggml_backend_dev_t> & also = {});
     void set_threads(int n_threads);
+    // Kernels whose per-row results do not depend on the batch (the CPU's reference ones; the
+    // graphs that run on the CPU backend, including a GPU run's fallback nodes).
+    void set_batch_invariant(bool on);
     void set_abort(dspark_abort_fn fn, void * data);
     // A stop flag read at every graph node like the abort callback, but without calling out: what
     // a host language sets from any thread or signal handler (null: none).

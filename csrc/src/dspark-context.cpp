@@ -88,6 +88,7 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     compute.init(model.device(), params.n_threads,
                  (size_t) 256 + (size_t) hp().n_layer * 128 + (size_t) params.n_seq_max * dspark_sampler_graph_size(),
                  model.devices());
+    compute.set_batch_invariant(params.batch_invariant);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
     for (const target_layer & l : model.target->layers) {
         dspark_check_kv_type(kv_type, l.head_dim);

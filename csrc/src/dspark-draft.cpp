@@ -32,6 +32,7 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     dspark_rpc_check_alive(model.devices());
     compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 128,
                  model.devices());
+    compute.set_batch_invariant(params.batch_invariant);  // the same kernels as its target's
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
     dspark_check_kv_type(kv_type, hp().head_dim);
     kv.init(model.layer_buffer_types((int) hp().n_layer), std::vector<int64_t>(hp().n_layer, hp().n_embd_kv()), kv_type,

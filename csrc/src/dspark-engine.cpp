@@ -49,6 +49,9 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "backend_sampling must be -1 (auto), 0 (off) or 1 (on), got %d",
                      params.backend_sampling);
     }
+    if (params.schedule < DSPARK_SCHEDULE_STATIC || params.schedule > DSPARK_SCHEDULE_ADAPTIVE) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown verify schedule %d", params.schedule);
+    }
     if (!dft) {
         tgt.set_capture({});
         return;
@@ -93,46 +96,109 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
                      tgt.params.n_seq_max);
     }
     tgt.set_capture(dh.target_layers);
-    if (params.schedule == DSPARK_SCHEDULE_CONFIDENCE) {
-        measure_verify_cost();
+    if (costed()) {
+        calibrate_costs();
     }
 }
 
-// Time target decodes of 1 .. max verify batch tokens (median of 3) on the empty cache, laid out
-// as verify batches are: blocks of n_draft + 1 rows, one sequence each.
-void dspark_engine::measure_verify_cost() {
-    const int max_b = (int) std::min<uint32_t>(tgt.params.n_batch, tgt.params.n_seq_max * (uint32_t) (n_draft + 1));
-    if (tgt.kv.n_used() > 0 || (uint32_t) max_b > tgt.params.n_ctx) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the confidence schedule calibrates on an empty target context");
+// Sizes to calibrate at up to n: every one to 4, then about 1.5x apart, and n itself; the curve
+// joins them by straight lines.
+static std::vector<int> calibration_sizes(int n) {
+    std::vector<int> sizes;
+    for (int x = 1; x < n; x = x < 4 ? x + 1 : (x * 3 + 1) / 2) {
+        sizes.push_back(x);
     }
-    verify_ms.assign(max_b + 1, 0.0);
+    sizes.push_back(n);
+    return sizes;
+}
+
+static double median_of_3(double t[3]) {
+    std::sort(t, t + 3);
+    return t[1];
+}
+
+// The cost curves' shapes, timed on the empty caches: the target's verify at a few batch sizes,
+// and the draft's proposal of each block length at a few sequence counts. What steps measure
+// later overrides and rescales them (the caches grow; other work shares the machine).
+void dspark_engine::calibrate_costs() {
+    const int max_b = (int) std::min<uint32_t>(tgt.params.n_batch, tgt.params.n_seq_max * (uint32_t) (n_draft + 1));
+    if (tgt.kv.n_used() > 0 || dft->kv.n_used() > 0 || (uint32_t) max_b > tgt.params.n_ctx ||
+        (uint32_t) (2 * n_draft + 2) > dft->params.n_ctx) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the adaptive and confidence schedules calibrate on empty contexts "
+                     "(create the engine before adding sequences)");
+    }
+    blocks.init(n_draft);
+    calibrate_verify(calibration_sizes(max_b));
+    const std::vector<int> seqs = calibration_sizes((int) tgt.params.n_seq_max);
+    for (int k = 1; k <= n_draft; ++k) {
+        calibrate_draft(k, seqs);
+    }
+}
+
+// Verify batches as steps lay them out: blocks of n_draft + 1 rows, one sequence each.
+void dspark_engine::calibrate_verify(const std::vector<int> & sizes) {
+    const int max_b = sizes.back();
     std::vector<dspark_token> tok(max_b, 0);
     std::vector<dspark_pos> pos(max_b);
     std::vector<dspark_seq_id> seq(max_b, 0);
     std::vector<int8_t> out(max_b, 1);
-    for (int b = 1; b <= max_b; ++b) {
+    for (int i = 0; i < max_b; ++i) {
+        seq[i] = i / (n_draft + 1);
+        pos[i] = i % (n_draft + 1);
+    }
+    std::vector<double> ms;
+    for (int b : sizes) {
         double t[3];
         for (double & ti : t) {
-            for (int i = 0; i < b; ++i) {
-                seq[i] = i / (n_draft + 1);
-                pos[i] = i % (n_draft + 1);
-            }
             dspark_batch batch = {b, tok.data(), pos.data(), seq.data(), out.data()};
             const auto t0 = clock_type::now();
             tgt.decode(batch);
             ti = ms_since(t0);
             tgt.kv.seq_rm(-1, 0, -1);
         }
-        std::sort(t, t + 3);
-        verify_ms[b] = t[1];
+        ms.push_back(median_of_3(t));
     }
+    blocks.verify.init(max_b, sizes, ms);
 }
 
-double dspark_engine::verify_cost(int n) const {
-    if (verify_ms.empty()) {
-        return (double) n;
+// Proposals of k tokens for n sequences, each after injecting k + 1 rows (what a step that
+// accepted everything injects: the graph shape steps run).
+void dspark_engine::calibrate_draft(int k, const std::vector<int> & seqs) {
+    const int n = seqs.back(), width = dft->hp().feature_width();
+    std::vector<float> feat((size_t) n * (k + 1) * width, 0.0f);
+    std::vector<dspark_pos> inj_pos, pos0(n, k + 1);
+    std::vector<dspark_seq_id> inj_seq, ids(n);
+    std::vector<dspark_token> anchors(n, 0);
+    for (int s = 0; s < n; ++s) {
+        ids[s] = s;
+        for (int j = 0; j <= k; ++j) {
+            inj_pos.push_back(j);
+            inj_seq.push_back(s);
+        }
     }
-    return verify_ms[std::min<size_t>(std::max(n, 1), verify_ms.size() - 1)];
+    std::vector<double> ms;
+    for (int m : seqs) {
+        double t[3];
+        for (double & ti : t) {
+            dspark_propose_request r;
+            r.n_seqs = m;
+            r.anchors = anchors.data();
+            r.pos0 = pos0.data();
+            r.seq_ids = ids.data();
+            r.n_draft = k;
+            r.pick.markov_top_k = params.markov_top_k;
+            r.n_inject = m * (k + 1);
+            r.inject_features = feat.data();
+            r.inject_pos = inj_pos.data();
+            r.inject_seq = inj_seq.data();
+            const auto t0 = clock_type::now();
+            dft->propose(r);
+            ti = ms_since(t0);
+            dft->kv.seq_rm(-1, 0, -1);
+        }
+        ms.push_back(median_of_3(t));
+    }
+    blocks.draft[k].init(n, seqs, ms);
 }
 
 // ---- sequences ------------------------------------------------------------------------------------
@@ -175,6 +241,7 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
     }
     s.stats = dspark_spec_stats();
     s.stats.n_prompt = r.n_prompt;
+    s.acc = dspark_acceptance(n_draft);
 
     // the caches must hold nothing of this sequence
     tgt.kv.seq_rm(seq_id, 0, -1);
@@ -330,10 +397,18 @@ int32_t dspark_engine::step_once() {
         return 0;
     }
     const auto t0 = clock_type::now();
-    if (dft && n_draft > 0) {
-        draft_blocks(plans);
+    if (costed() && last_step_ms > 0.0) {
+        blocks.observe_gap(std::chrono::duration<double, std::milli>(t0 - last_step_end).count(), last_step_ms);
     }
+    const int k = dft && n_draft > 0 ? (costed() ? choose_block(plans) : n_draft) : 0;
+    const uint64_t draft_builds = dft ? dft->n_graphs_built : 0;
+    const drafted d = dft && n_draft > 0 ? draft_blocks(plans, k) : drafted();
     const double t_draft = ms_since(t0);
+    if (costed() && d.n_seqs > 0 && d.steady && dft->n_graphs_built == draft_builds) {
+        // what the next steps at this length cost: not a catch-up (the features of steps without a
+        // draft) nor a graph build (a change of shape), both paid once
+        blocks.draft[d.block].observe(d.n_seqs, t_draft, blocks.now());
+    }
     verify(plans);  // accounts its own time
     total.t_draft_ms += t_draft;
     for (plan & p : plans) {
@@ -343,18 +418,38 @@ int32_t dspark_engine::step_once() {
     for (auto & kv : seqs) {
         active += kv.second.status == DSPARK_SEQ_ACTIVE;
     }
+    last_step_end = clock_type::now();
+    last_step_ms = std::chrono::duration<double, std::milli>(last_step_end - t0).count();
     return active;
 }
 
-void dspark_engine::draft_blocks(std::vector<plan> & plans) {
+// The block length of this step (the adaptive and confidence schedules): what each sequence's
+// recent acceptance makes worth drafting and verifying at the measured costs.
+int dspark_engine::choose_block(const std::vector<plan> & plans) {
+    std::vector<const dspark_acceptance *> acc;
+    std::vector<int> budget;
+    for (const plan & p : plans) {
+        acc.push_back(&p.s->acc);
+        budget.push_back(draft_budget(*p.s));
+    }
+    return blocks.choose(acc, budget, params.n_min);
+}
+
+// Draft up to k tokens (<= n_draft) for every greedy sequence with room for them, and n_draft for
+// every sampled one: a sampled sequence's draws depend on its block length, which must not depend
+// on its batch mates (a seeded request samples the same alone and in any batch). Returns how many
+// sequences drafted, the length of the block the draft ran, and whether it had to catch up.
+dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, int k_greedy) {
     std::vector<int> budget(plans.size());
+    int n_block = 0;
     std::vector<dspark_token> anchors;
     std::vector<dspark_pos> pos0;
     std::vector<dspark_seq_id> ids;
     std::vector<size_t> which;
     for (size_t i = 0; i < plans.size(); ++i) {
-        budget[i] = draft_budget(*plans[i].s);
+        budget[i] = std::min(plans[i].s->sp.greedy() ? k_greedy : n_draft, draft_budget(*plans[i].s));
         if (budget[i] >= std::max(1, params.n_min)) {
+            n_block = std::max(n_block, plans[i].s->sp.greedy() ? k_greedy : n_draft);
             anchors.push_back(plans[i].s->anchor);
             pos0.push_back(plans[i].s->n_past);
             ids.push_back(plans[i].s->id);
@@ -362,7 +457,7 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
         }
     }
     if (which.empty()) {
-        return;
+        return drafted();
     }
     // the drafting sequences' committed positions go into the draft cache in the same graph
     std::vector<float> inj_feat;
@@ -404,7 +499,7 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     r.anchors = anchors.data();
     r.pos0 = pos0.data();
     r.seq_ids = ids.data();
-    r.n_draft = n_draft;  // every block has the same length; budgets cut afterwards
+    r.n_draft = n_block;  // every block has the same length; budgets cut afterwards
     r.keep_logits = sampled;  // read back one row only where a draft token is rejected
     r.pick.sample = sampled;
     r.pick.filter = filtered;
@@ -421,8 +516,8 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
     for (size_t w = 0; w < which.size(); ++w) {
         plan & p = plans[which[w]];
         int k = budget[which[w]];
-        const dspark_token * tok = dft->tokens.data() + w * n_draft;
-        const float * conf = dft->confidence.empty() ? nullptr : dft->confidence.data() + w * n_draft;
+        const dspark_token * tok = dft->tokens.data() + w * n_block;
+        const float * conf = dft->confidence.empty() ? nullptr : dft->confidence.data() + w * n_block;
         if (conf && params.p_min > 0.0f) {
             for (int j = 0; j < k; ++j) {
                 if (conf[j] < params.p_min) {
@@ -439,18 +534,25 @@ void dspark_engine::draft_blocks(std::vector<plan> & plans) {
             p.conf.assign(conf, conf + k);
         }
         if (!samplers[w].greedy()) {
-            p.q.assign(dft->probs.begin() + (size_t) w * n_draft, dft->probs.begin() + (size_t) w * n_draft + k);
+            p.q.assign(dft->probs.begin() + (size_t) w * n_block, dft->probs.begin() + (size_t) w * n_block + k);
             p.draft_block = (int) w;
         }
     }
     if (params.schedule == DSPARK_SCHEDULE_CONFIDENCE) {
         schedule_by_confidence(plans);
     }
+    drafted d;
+    d.n_seqs = (int) which.size();
+    d.block = n_block;
+    d.steady = inj_pos.size() <= which.size() * (size_t) (n_block + 1);
+    return d;
 }
 
-// DSpark's hardware-aware prefix scheduler: start from no draft tokens, then add draft positions
-// in order of their prefix survival probability (the product of confidences up to them) while the
-// expected number of emitted tokens per measured verify time keeps rising.
+// DSpark's hardware-aware prefix scheduler: order the drafted positions by their prefix survival
+// probability (the product of confidences up to them) and verify the prefix of that order with
+// the most expected emitted tokens per verify time. The whole order is scanned, not stopped at the
+// first position that does not pay: verify time is not smooth in the batch size (kernels change
+// with it), and a step up in cost can be followed by many positions that pay for it.
 void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
     std::vector<std::vector<double>> surv(plans.size());
     for (size_t i = 0; i < plans.size(); ++i) {
@@ -463,7 +565,8 @@ void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
     std::vector<size_t> n(plans.size(), 0);
     double expected = (double) plans.size();  // every sequence emits at least the target's token
     int batch = (int) plans.size();
-    double rate = expected / verify_cost(batch);
+    double best_rate = expected / blocks.verify.at(batch, blocks.now());
+    std::vector<size_t> best_n = n;
     for (;;) {
         size_t best = plans.size();
         for (size_t i = 0; i < plans.size(); ++i) {
@@ -474,19 +577,18 @@ void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
         if (best == plans.size()) {
             break;
         }
-        const double e2 = expected + surv[best][n[best]];
-        const double r2 = e2 / verify_cost(batch + 1);
-        if (!(r2 > rate)) {
-            break;
-        }
-        expected = e2;
-        rate = r2;
+        expected += surv[best][n[best]];
         batch++;
         n[best]++;
+        const double r = expected / blocks.verify.at(batch, blocks.now());
+        if (r > best_rate) {
+            best_rate = r;
+            best_n = n;
+        }
     }
     for (size_t i = 0; i < plans.size(); ++i) {
-        plans[i].draft.resize(n[i]);
-        plans[i].conf.resize(n[i]);
+        plans[i].draft.resize(best_n[i]);
+        plans[i].conf.resize(best_n[i]);
     }
 }
 
@@ -582,10 +684,14 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
         }
     }
     std::vector<int8_t> out(tok.size(), 1);
+    const uint64_t builds = tgt.n_graphs_built;
     dspark_batch b = {(int32_t) tok.size(), tok.data(), pos.data(), seq.data(), out.data()};
     tgt.decode(b, backend ? &groups : nullptr, backend ? uniforms.data() : nullptr, backend ? probes.data() : nullptr);
     const double t_verify = ms_since(t0);
     total.t_verify_ms += t_verify;
+    if (costed() && tgt.n_graphs_built == builds) {  // a graph build is paid once per shape
+        blocks.verify.observe((int) tok.size(), t_verify, blocks.now());
+    }
 
     t0 = clock_type::now();
     // From here on the step commits: it must not be stopped halfway.
@@ -757,6 +863,10 @@ void dspark_engine::commit(plan & p, const std::vector<dspark_token> & emitted, 
     }
     s.stats.n_accepted += accepted;
     total.n_accepted += accepted;
+    if (k > 0) {
+        s.acc.observe(k, accepted);
+        blocks.accept.observe(k, accepted);
+    }
     const int n_past0 = s.n_past;
     for (size_t j = 0; j < emitted.size(); ++j) {
         s.new_tokens.push_back(emitted[j]);

@@ -7,6 +7,8 @@
 #pragma once
 
 #include "dspark.h"
+#include "dspark-acceptance.h"
+#include "dspark-block-schedule.h"
 #include "dspark-context.h"
 #include "dspark-draft.h"
 #include "dspark-sampler.h"
@@ -15,6 +17,8 @@
 #include <map>
 #include <random>
 #include <vector>
+
+using clock_t_point = std::chrono::steady_clock::time_point;
 
 struct dspark_seq_state {
     int32_t               id = 0;
@@ -31,6 +35,7 @@ struct dspark_seq_state {
     std::vector<dspark_pos>   pending_pos;      // draft cache: injected with the next proposal
     std::vector<dspark_token> new_tokens;       // committed by the last add / step
     std::vector<uint8_t>      new_from_draft;
+    dspark_acceptance         acc;              // its recent acceptance by position (adaptive schedules)
     dspark_spec_stats     stats;
 };
 
@@ -44,7 +49,9 @@ struct dspark_engine {
     int32_t                n_draft = 0;   // block tokens proposed per drafting sequence (n_max clamped)
     std::vector<dspark_token> eog;
     std::map<int32_t, dspark_seq_state> seqs;
-    std::vector<double>    verify_ms;     // measured target decode time by batch size (confidence schedule)
+    dspark_block_schedule  blocks;        // costs and acceptance (adaptive and confidence schedules)
+    clock_t_point          last_step_end{};
+    double                 last_step_ms = 0.0;
     dspark_spec_stats      total;
     dspark_abort_request   abort;         // the stop request both contexts' computations read
 
@@ -72,7 +79,14 @@ struct dspark_engine {
         float bonus_u = -1.0f;               // the bonus token's uniform, once drawn (rejection sampling)
         int row = 0;                         // first row in the verify batch
     };
-    void draft_blocks(std::vector<plan> & plans);
+    bool costed() const { return params.schedule != DSPARK_SCHEDULE_STATIC; }
+    int  choose_block(const std::vector<plan> & plans);
+    struct drafted {
+        int  n_seqs = 0;      // sequences that drafted
+        int  block = 0;       // the block length the draft ran
+        bool steady = false;  // it injected no more than a step's rows (no catching up)
+    };
+    drafted draft_blocks(std::vector<plan> & plans, int k_greedy);
     void schedule_by_confidence(std::vector<plan> & plans) const;
     void verify(std::vector<plan> & plans);
     double verify_chunk(std::vector<plan> & plans, size_t begin, size_t end);
@@ -85,7 +99,8 @@ struct dspark_engine {
     float bonus_uniform(plan & p);
     void commit(plan & p, const std::vector<dspark_token> & out, int n_drafted_accepted);
     bool finished_by(dspark_seq_state & s, dspark_token t);
-    void measure_verify_cost();
-    double verify_cost(int n_tokens) const;
+    void calibrate_costs();
+    void calibrate_verify(const std::vector<int> & sizes);
+    void calibrate_draft(int k, const std::vector<int> & seqs);
     int    draft_budget(const dspark_seq_state & s) const;
 };

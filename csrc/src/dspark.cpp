@@ -445,6 +445,7 @@ struct dspark_context_params dspark_context_default_params(void) {
     p.n_threads             = 0;
     p.type_kv               = DSPARK_KV_TYPE_F16;
     p.flash_attn            = DSPARK_FLASH_ATTN_AUTO;
+    p.batch_invariant       = false;
     return p;
 }
 

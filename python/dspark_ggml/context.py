@@ -36,6 +36,7 @@ class ContextParams:
     n_threads: int
     type_kv: str
     flash_attn: bool
+    batch_invariant: bool
 
 
 def _int_array(values: Any, n: int, name: str) -> np.ndarray:
@@ -61,6 +62,10 @@ class Context(NativeHandle):
         n_threads: CPU threads; None (default) = all hardware threads.
         type_kv: KV cache type, "f16" (default), "f32", "bf16" or "q8_0".
         flash_attn: "auto" (default: where the device supports it), True or False.
+        batch_invariant: run kernels whose results for a row do not depend on the rest of the batch
+            (on the CPU ggml's reference ones: flash attention row by row, no tiled matmul, no fused
+            ops), so a sequence decodes to the same logits alone and next to any others. Default
+            False (the faster batch-dependent kernels); a server turns it on.
     """
 
     _free_function = "dspark_context_free"
@@ -68,7 +73,7 @@ class Context(NativeHandle):
 
     def __init__(self, model: Model, *, n_ctx: int = 0, n_batch: int = 512, n_seq_max: int = 1,
                  n_outputs_max_per_seq: int = 0, n_threads: int | None = None, type_kv: str = "f16",
-                 flash_attn: bool | str = "auto") -> None:
+                 flash_attn: bool | str = "auto", batch_invariant: bool = False) -> None:
         if type_kv not in kv_types():
             raise InvalidArgumentError(f"type_kv must be one of {sorted(kv_types())}, got {type_kv!r}")
         if flash_attn not in flash_attn_modes():
@@ -84,6 +89,7 @@ class Context(NativeHandle):
         p.n_threads = n_threads or 0
         p.type_kv = kv_types()[type_kv]
         p.flash_attn = flash_attn_modes()[flash_attn]
+        p.batch_invariant = bool(batch_invariant)
         self.model = model
         self._handle: Any = _lib.check_ptr(lib.dspark_context_init(model.handle, p))
         self._abort_cb: Any = None
@@ -99,7 +105,7 @@ class Context(NativeHandle):
         lib.dspark_context_get_params(self._handle, p)
         kv_names = {v: k for k, v in kv_types().items()}
         return ContextParams(p.n_ctx, p.n_batch, p.n_seq_max, p.n_outputs_max_per_seq, p.n_threads,
-                             kv_names[p.type_kv], p.flash_attn == 1)
+                             kv_names[p.type_kv], p.flash_attn == 1, bool(p.batch_invariant))
 
     # ---- lifetime ---------------------------------------------------------------------------------
 

@@ -106,7 +106,8 @@ class DraftContext(NativeHandle):
     _kind = "draft context"
 
     def __init__(self, draft: DraftModel, *, n_ctx: int = 0, n_batch: int = 512, n_seq_max: int = 1,
-                 n_threads: int | None = None, type_kv: str = "f16", flash_attn: bool | str = "auto") -> None:
+                 n_threads: int | None = None, type_kv: str = "f16", flash_attn: bool | str = "auto",
+                 batch_invariant: bool = False) -> None:
         if type_kv not in kv_types():
             raise InvalidArgumentError(f"type_kv must be one of {sorted(kv_types())}, got {type_kv!r}")
         lib, ffi = _lib.lib(), _lib.ffi()
@@ -115,6 +116,7 @@ class DraftContext(NativeHandle):
         p.n_threads = n_threads or 0
         p.type_kv = kv_types()[type_kv]
         p.flash_attn = flash_attn_modes()[flash_attn]
+        p.batch_invariant = bool(batch_invariant)  # as Context's (the server sets both alike)
         self.draft = draft
         self.info = draft.info
         self._handle: Any = _lib.check_ptr(lib.dspark_draft_context_init(draft.handle, p))

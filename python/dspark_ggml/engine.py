@@ -79,7 +79,8 @@ class Engine(NativeHandle):
         p_min: DSpark: cut a block at the first position whose confidence is below p_min. Default 0.
         draft_mode: "greedy" (argmax chain, accept by matching the target's samples; default) or
             "probabilistic" (sampled chain, rejection sampling min(1, p/q)).
-        schedule: "static" (default) or "confidence" (DSpark's prefix scheduler).
+        schedule: "static" (default), "adaptive" (a block length per step from measured costs and
+            running acceptance) or "confidence" (adaptive, then DSpark's prefix scheduler).
         backend_sampling: where the verify rows are sampled: True = inside the target's graph,
             False = on the host, "auto" (default) = in the graph for batches whose sequences are
             all greedy (faster there), on the host otherwise.
@@ -216,7 +217,8 @@ def build_engine(target: Model, draft: DraftModel | None = None, *, n_ctx: int =
                  context_options: Mapping[str, Any] | None = None, **engine_options: Any) -> Engine:
     """A target context, a draft context sized like it when there is a draft, and the engine over
     them: the one way the LLM, the benchmark and `dspark-ggml check` assemble speculative decoding.
-    ``context_options`` go to both contexts (n_batch, n_seq_max, n_threads, type_kv, flash_attn;
+    ``context_options`` go to both contexts (n_batch, n_seq_max, n_threads, type_kv, flash_attn,
+    batch_invariant;
     n_outputs_max_per_seq to the target's only); ``engine_options`` to :class:`Engine`. The contexts
     are ``engine.target`` and ``engine.draft``; closing them is the caller's (after the engine)."""
     options = dict(context_options or {})

@@ -55,6 +55,8 @@ class LLM:
         n_threads: CPU threads; None (default) = all hardware threads.
         type_kv: KV cache type: "f16" (default), "f32", "bf16" or "q8_0".
         flash_attn: "auto" (default), True or False.
+        batch_invariant: kernels whose per-row results do not depend on the batch (see
+            :class:`~dspark_ggml.context.Context`). Default False.
         device: device index (dspark_ggml.devices()); -1 (default) = the first GPU, else the CPU.
         draft_device: the draft's device index; None (default) = the target's device.
         tensor_split: spread the target's layers over devices in these proportions, by device
@@ -91,7 +93,7 @@ class LLM:
                  # context
                  n_ctx: int = 4096, n_batch: int = 512, n_seq_max: int = 1,
                  n_outputs_max_per_seq: int | None = None, n_threads: int | None = None,
-                 type_kv: str = "f16", flash_attn: bool | str = "auto",
+                 type_kv: str = "f16", flash_attn: bool | str = "auto", batch_invariant: bool = False,
                  # model
                  device: int = -1, draft_device: int | None = None, use_mmap: bool = True,
                  tensor_split: Sequence[float] | None = None, rpc_servers: str | Sequence[str] | None = None) -> None:
@@ -110,7 +112,8 @@ class LLM:
             self.speculative = SpeculativeConfig(**{**config.to_dict(), "method": method})
             n_out = n_outputs_max_per_seq if n_outputs_max_per_seq is not None else self._verify_block()
             kw: dict[str, Any] = {"n_batch": n_batch, "n_seq_max": n_seq_max, "n_threads": n_threads,
-                                  "type_kv": type_kv, "flash_attn": flash_attn, "n_outputs_max_per_seq": n_out}
+                                  "type_kv": type_kv, "flash_attn": flash_attn, "n_outputs_max_per_seq": n_out,
+                                  "batch_invariant": batch_invariant}
             engine = self._make_engine(n_ctx, kw)
             self.context = self._keep(engine.target)
             self.draft_context = self._keep(engine.draft) if engine.draft is not None else None

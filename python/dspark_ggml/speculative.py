@@ -30,8 +30,11 @@ class SpeculativeConfig:
         draft_mode: "greedy" (default: argmax chain, accepted where the target's own sample
             matches) or "probabilistic" (sampled chain with rejection sampling; lossless in
             distribution at temperature > 0).
-        schedule: "static" (default: verify n_max tokens, cut by p_min) or "confidence" (DSpark's
-            prefix scheduler; needs a confidence head; calibrates verify cost at load).
+        schedule: "static" (default: verify n_max tokens, cut by p_min), "adaptive" (per step one
+            block length, 0 .. n_max, that maximises expected tokens per ms from measured draft and
+            verify costs and each sequence's running acceptance: shorter blocks, or no draft, as the
+            batch grows) or "confidence" (adaptive, then DSpark's prefix scheduler; needs a
+            confidence head). Both calibrate their costs at load (about a second on a CPU).
         backend_sampling: where the target's verify rows are sampled: True = inside its ggml graph,
             False = on the host, "auto" (default) = in the graph when every sequence of the batch is
             greedy (measured faster there), on the host otherwise.

@@ -81,7 +81,9 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--spec-draft-mode", dest="draft_mode", choices=sorted(draft_modes()),
                    help=f"greedy chain or sampled chain with rejection sampling (default: {d.draft_mode})")
     g.add_argument("--spec-schedule", dest="schedule", choices=sorted(schedules()),
-                   help=f"verify a fixed block or DSpark's confidence schedule (default: {d.schedule})")
+                   help=f"static: a fixed block; adaptive: a block length per step from measured costs and "
+                        f"acceptance; confidence: adaptive, then DSpark's confidence-ordered prefix "
+                        f"(default: {d.schedule}; serve: adaptive)")
     g.add_argument("--backend-sampling", nargs="?", const="on", choices=("auto", "on", "off"), default=None,
                    help="sample the verify rows inside the target's graph: on, off, or auto = in the graph when "
                         "every sequence is greedy (default: auto; the flag alone: on)")

@@ -20,8 +20,10 @@ API_KEY_ENV = "DSPARK_GGML_API_KEY"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     g = p.add_argument_group("server", "Here -t defaults to all cores but one (left to the HTTP side), "
-                             "and flash attention is off unless -fa is given (its kernel's rounding depends "
-                             "on the batch, and a request must get the same tokens in any batch).")
+                             "the contexts run batch-invariant kernels (on the CPU ggml's reference ones, "
+                             "flash attention row by row): a request gets the same tokens in any batch, and "
+                             "--spec-schedule defaults to adaptive (block length per step from measured costs "
+                             "and acceptance: shorter blocks, or none, as the batch grows).")
     g.add_argument("--host", default=d.host,
                    help=f"address to listen on (default: {d.host}, this machine only)")
     g.add_argument("--port", type=int, default=d.port, help=f"port (default: {d.port})")
@@ -69,9 +71,14 @@ def run(args: argparse.Namespace) -> int:
         # one core stays for the HTTP side: ggml's workers spin while they wait, and with every core
         # theirs the event loop (and the engine thread handing it tokens) starves
         args.n_threads = max(1, (os.cpu_count() or 2) - 1)
-    if args.flash_attn is None:
-        # ggml's flash-attention kernel rounds differently with the number of queries in a batch, so
-        # a sequence's logits would depend on its batch mates (seen on the CPU: up to 0.08 apart);
-        # without it a request gets the same tokens alone and in any batch, sampled ones included
-        args.flash_attn = "off"
-    return serve(config, lambda: build_llm(args, n_seq_max=config.n_slots), log_level=args.log_level)
+    if args.schedule is None:
+        # a fixed block costs more than it brings once the batch is large (the verify stops getting
+        # cheaper per token): the server lets each step choose
+        args.schedule = "adaptive"
+    # ggml's CPU kernels change with the batch's shape (flash attention tiles from 64 queries and
+    # splits the cache for a lone one; K-quant matmuls tile from 8 rows) and round differently, so a
+    # sequence's logits would depend on its batch mates (seen: up to 0.04 apart). The reference
+    # kernels compute each row alike in any batch, sampled requests included; with them flash
+    # attention (which skips other sequences' cells) is also the faster choice at every batch size.
+    return serve(config, lambda: build_llm(args, n_seq_max=config.n_slots, batch_invariant=True),
+                 log_level=args.log_level)

@@ -85,8 +85,8 @@ class EnginePool:
             return None
         if s.schedule == "confidence":
             # that schedule calibrates on an empty cache when its engine is created: not while serving
-            raise InvalidArgumentError("per-request n_max / p_min need the server's static schedule "
-                                       "(it runs --spec-schedule confidence); 'off' works")
+            raise InvalidArgumentError("per-request n_max / p_min need the server's static or adaptive "
+                                       "schedule (it runs --spec-schedule confidence); 'off' works")
         return SpecOverride(n_max=n_max, p_min=p_min)
 
     def _clamped(self, n_max: int) -> int:
@@ -105,7 +105,9 @@ class EnginePool:
             assert llm.draft_model is not None
             llm.context.set_capture_layers(llm.draft_model.info.target_layers)
             return engine
+        # a request's n_max is a fixed block: the static schedule (the adaptive one would also have
+        # to calibrate on empty contexts, and it chooses the length itself)
         return Engine(llm.context, llm.draft_context, n_max=key.n_max or 0, n_min=s.n_min,
-                      p_min=key.p_min or 0.0, draft_mode=s.draft_mode, schedule=s.schedule,
+                      p_min=key.p_min or 0.0, draft_mode=s.draft_mode, schedule="static",
                       backend_sampling=s.backend_sampling,
                       markov_top_k=s.markov_top_k, eog=eog)

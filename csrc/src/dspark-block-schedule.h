@@ -1,0 +1,38 @@
+// How long a block to draft this step, from what steps cost and what drafts are worth: for each
+// length K (0 = no draft) the expected tokens of the step (per sequence 1 + the survival of its
+// first K drafts) over its expected time (drafting the sequences at K, verifying their
+// n_seq * (K + 1) tokens, and the time between steps spent outside the engine). As the batch grows
+// the verify stops getting cheaper per token and the draft costs more, so K shrinks, down to no
+// draft at all. One K for the whole step: the draft runs one graph for all sequences.
+#pragma once
+
+#include "dspark-acceptance.h"
+#include "dspark-cost-curve.h"
+
+#include <vector>
+
+struct dspark_block_schedule {
+    dspark_cost_curve              verify;  // by verify tokens
+    std::vector<dspark_cost_curve> draft;   // [K] by drafting sequences (K = 1 .. n_max)
+    dspark_acceptance              accept;  // engine-wide, the prior of each sequence's own
+
+    void init(int n_max);  // then the curves' own init
+    // One K in 0 .. n_max for sequences whose own acceptance is `seqs` and draft budgets `budget`
+    // (a sequence drafts min(K, its budget) tokens); K below n_min is no draft.
+    int choose(const std::vector<const dspark_acceptance *> & seqs, const std::vector<int> & budget, int n_min);
+    // Time between the end of the last step and the start of this one (capped: an idle server is
+    // not a cost of stepping).
+    void observe_gap(double ms, double last_step_ms);
+    // The schedule's clock, in steps (what the cost curves age their measurements by).
+    uint64_t now() const { return (uint64_t) n_steps + 1; }
+    // Expected tokens per ms of a step of length K (what choose maximises).
+    double rate(const std::vector<const dspark_acceptance *> & seqs, const std::vector<int> & budget, int K) const;
+
+  private:
+    int    n_max = 0;
+    double gap_ms = 0.0;
+    long   n_steps = 0;
+    long   next_explore = 16, explore_every = 16;
+    int    last_best = -1;
+    int    explore_dir = 1;
+};
