@@ -386,3 +386,35 @@ def test_engine_refuses_what_cannot_work(setup, tmp_path):
     eng.add(0, [1, 2], SamplingParams(max_tokens=5))
     with pytest.raises(InvalidArgumentError, match="still active"):
         eng.add(0, [1, 2])
+
+
+def test_run_is_the_step_loop_in_one_call(setup):
+    """run(n) gives the tokens a loop of step() gives, returns after the step in which a sequence
+    finishes (so a waiting request can take its slot), and stops at once while a stop is requested."""
+    target, drafts = setup
+    jobs = [(PROMPTS[0], SamplingParams(max_tokens=12)), (PROMPTS[1], SamplingParams(max_tokens=40)),
+            (PROMPTS[2], SamplingParams(temperature=0.8, seed=3, max_tokens=30))]
+    by_steps = _run_jobs(_engine(target, drafts["dspark"], n_seq=3), jobs)
+
+    eng = _engine(target, drafts["dspark"], n_seq=3)
+    outs = [list(eng.add(s, prompt, sp)) for s, (prompt, sp) in enumerate(jobs)]
+    n_calls = 0
+    while any(eng.status(s) == "active" for s in range(3)):
+        active_before = [eng.status(s) == "active" for s in range(3)]
+        steps = eng.run(1000)
+        n_calls += 1
+        assert steps >= 1
+        for s in range(3):
+            outs[s] += eng.new_tokens(s)[0]
+        finished = [a and eng.status(s) != "active" for s, a in enumerate(active_before)]
+        assert any(finished) or not any(eng.status(s) == "active" for s in range(3))
+    assert outs == by_steps
+    assert n_calls <= 3 < eng.stats().n_steps  # one call per finishing sequence, many steps each
+
+    with pytest.raises(InvalidArgumentError, match="max_steps"):
+        eng.run(0)
+    eng.add(0, PROMPTS[0], SamplingParams(max_tokens=20))
+    eng.request_abort(True)
+    assert eng.run(100) == 0 and eng.status(0) == "active"  # nothing ran, nothing lost
+    eng.request_abort(False)
+    assert eng.run(100) >= 1
