@@ -58,7 +58,7 @@ def test_models_went_where_asked(placements: dict[str, Any]) -> None:
 
 def test_a_server_that_dies_mid_generation_is_an_error_not_a_hang() -> None:
     r = run_scenario("dies", timeout=120)
-    assert r.get("error") == "FileAccessError", r
+    assert r.get("error") == "DeviceLostError", r
     assert "RPC server was lost" in r["message"]
     assert r["seconds"] < 20
     # what was on the lost server refuses further work at once, naming why
@@ -103,3 +103,36 @@ def test_cli_rpc_and_tensor_split() -> None:
         server.kill()
     assert split["tokens"] == local["tokens"]
     assert split["devices"] == ["CPU", "RPC0"] and local["devices"] == ["CPU"]
+
+
+def test_server_on_rpc_reports_a_lost_device(tmp_path) -> None:
+    """`serve --rpc`: requests run on the RPC device; when its server dies, the request in flight
+    and later ones fail with a 500 naming the loss, /health turns 503, and SIGTERM still exits."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from dspark_ggml import devices
+    from tests.rpc_scenarios import rpc_server
+    from tests.server_process import ServerProcess
+
+    port = free_port()
+    rpc = rpc_server(port)
+    server = None
+    try:
+        rpc_index = len(devices())  # RPC0 comes after this process's local devices
+        server = ServerProcess(["--demo", "--rpc", f"127.0.0.1:{port}", "--device", str(rpc_index), "-np", "2"],
+                               tmp_path / "server.log")
+        body = {"prompt": "def fibonacci(n):", "max_tokens": 16, "temperature": 0}
+        with server.client() as c:
+            assert c.post("/v1/completions", json=body).status_code == 200
+            rpc.kill()
+            rpc.wait(10)
+            failed = c.post("/v1/completions", json=body)
+            assert failed.status_code == 500
+            assert "RPC server was lost" in failed.json()["error"]["message"]
+            health = c.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "error"
+        assert server.terminate() == 0
+    finally:
+        rpc.kill()
+        if server is not None:
+            server.stop()

@@ -72,6 +72,8 @@ enum dspark_status {
     DSPARK_STATUS_OUT_OF_MEMORY    =   -5,
     DSPARK_STATUS_CONTEXT_FULL     =   -6, /* no free KV cells for the batch: nothing changed */
     DSPARK_STATUS_ABORTED          =   -7, /* the abort callback asked to stop                */
+    DSPARK_STATUS_DEVICE_LOST      =   -8, /* a device stopped answering (an RPC server died): what
+                                              was placed on it cannot be used any more          */
     DSPARK_STATUS_INTERNAL         = -100,
 };
 
@@ -132,7 +134,7 @@ DSPARK_API int32_t      dspark_device_memory(int32_t index, size_t * free_bytes,
  * (dspark_model_params.tensor_split). Returns the number of devices the server offers (adding a
  * server twice adds nothing), or a negative status: unreachable server, malformed endpoint, or a
  * ggml built without RPC. Once any server is added, calls run on worker threads so that a server
- * that dies mid-call makes the call fail with DSPARK_STATUS_IO instead of hanging; after that,
+ * that dies mid-call makes the call fail with DSPARK_STATUS_DEVICE_LOST instead of hanging; after that,
  * what was placed on RPC devices refuses further work (free it; its memory is not reclaimed). */
 DSPARK_API int32_t dspark_rpc_add_server(const char * endpoint);
 /* Serve local devices to RPC clients at "host:port" (device: an index, or -1 for the CPU), with

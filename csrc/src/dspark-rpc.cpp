@@ -138,7 +138,7 @@ bool dspark_rpc_lost(const std::vector<ggml_backend_dev_t> & devices) {
 void dspark_rpc_check_alive(const std::vector<ggml_backend_dev_t> & devices) {
     if (dspark_rpc_lost(devices)) {
         std::lock_guard<std::mutex> lock(g_mu);
-        dspark_throw(DSPARK_STATUS_IO, "the connection to an RPC server was lost (%s); what was placed on RPC devices "
+        dspark_throw(DSPARK_STATUS_DEVICE_LOST, "the connection to an RPC server was lost (%s); what was placed on RPC devices "
                      "can no longer be used (free it; RPC devices work again in a new process)", g_lost_why.c_str());
     }
 }
@@ -272,8 +272,8 @@ int32_t dspark_run_call(const std::function<int32_t()> & call) {
         lock.unlock();
         dspark_set_last_error("the connection to an RPC server was lost during this call (" + why +
                                   "); what was placed on RPC devices can no longer be used",
-                              DSPARK_STATUS_IO);
-        return DSPARK_STATUS_IO;
+                              DSPARK_STATUS_DEVICE_LOST);
+        return DSPARK_STATUS_DEVICE_LOST;
     }
     dspark_set_last_error(job->error, job->error_status);
     return job->status;

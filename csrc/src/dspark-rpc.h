@@ -31,7 +31,7 @@ void dspark_rpc_run_server(const std::string & endpoint, const std::vector<ggml_
 
 bool dspark_device_is_rpc(ggml_backend_dev_t dev);
 
-// Throws DSPARK_STATUS_IO when an RPC server was lost and any of these devices is an RPC device.
+// Throws DSPARK_STATUS_DEVICE_LOST when an RPC server was lost and any of these devices is an RPC device.
 void dspark_rpc_check_alive(const std::vector<ggml_backend_dev_t> & devices);
 bool dspark_rpc_lost(const std::vector<ggml_backend_dev_t> & devices);
 

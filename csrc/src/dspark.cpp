@@ -87,6 +87,7 @@ const char * dspark_status_str(int32_t status) {
         case DSPARK_STATUS_OUT_OF_MEMORY:    return "out of memory";
         case DSPARK_STATUS_CONTEXT_FULL:     return "context full";
         case DSPARK_STATUS_ABORTED:          return "aborted";
+        case DSPARK_STATUS_DEVICE_LOST:      return "device lost";
         case DSPARK_STATUS_INTERNAL:         return "internal error";
         default:                             return "unknown status";
     }

@@ -57,8 +57,15 @@ class AbortedError(DSparkError):
     status = -7
 
 
+class DeviceLostError(DSparkError, ConnectionError):
+    """A device stopped answering (an RPC server died or dropped the connection): what was placed on
+    it cannot be used any more; models and contexts elsewhere keep working."""
+
+    status = -8
+
+
 _BY_STATUS = {cls.status: cls for cls in (InvalidArgumentError, FileAccessError, FileFormatError, UnsupportedError,
-                                           OutOfMemoryError, ContextFullError, AbortedError)}
+                                           OutOfMemoryError, ContextFullError, AbortedError, DeviceLostError)}
 
 
 def error_for_status(status: int, message: str) -> DSparkError:

@@ -3,8 +3,8 @@
 ``add_rpc_server("host:port")`` adds a server's devices to :func:`dspark_ggml.devices` (named
 RPC0, RPC1, ... with type "rpc"); a model then goes there with ``device=`` or spreads its layers
 over local and RPC devices with ``tensor_split=``. A server that dies mid-call makes that call
-raise :class:`~dspark_ggml.errors.FileAccessError` (an I/O error) instead of hanging; what was
-placed on RPC devices is then unusable (load it again once the server is back).
+raise :class:`~dspark_ggml.errors.DeviceLostError` instead of hanging; what was placed on RPC
+devices is then unusable for the rest of the process (other models keep working).
 
 The protocol has no authentication or encryption: run servers on a trusted network only.
 """

@@ -106,6 +106,10 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
             err = state.not_ready()
             return JSONResponse({**err.body(), "status": "loading" if state.load_error is None else "error"},
                                 status_code=503, headers=err.headers)
+        lost = state.scheduler.device_lost if state.scheduler is not None else None
+        if lost is not None:  # an RPC server died: nothing can be served until a restart
+            return JSONResponse({"status": "error", "error": {"message": lost, "type": "server_error"}},
+                                status_code=503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/v1/models")

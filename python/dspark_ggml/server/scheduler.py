@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..decode_loop import Request
 from ..decode_loop import _LiveSequence as LiveSequence  # a request's text state: detokenizer, stop strings
-from ..errors import ContextFullError, DSparkError
+from ..errors import ContextFullError, DeviceLostError, DSparkError
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -87,6 +87,7 @@ class Scheduler:
         self._admitted = 0  # jobs submitted and not yet finished (waiting or running)
         self._slots: dict[int, _Slot] = {}
         self._stopping = False
+        self.device_lost: str | None = None  # why the models' device stopped answering, once it did
         self._thread = threading.Thread(target=self._run, name="dspark-engine-loop", daemon=True)
 
     # ---- the HTTP side (any thread) ---------------------------------------------------------------
@@ -181,6 +182,7 @@ class Scheduler:
                 self._fail(job, e)
                 continue
             except DSparkError as e:
+                self._note_device_loss(e)
                 self._fail(job, e)
                 continue
             slot = self._slots[seq.seq_id] = _Slot(job, seq, engine)
@@ -198,6 +200,7 @@ class Scheduler:
                 self._finish(longest, longest.seq.last_chunk("context_full"))
                 continue
             except DSparkError as e:
+                self._note_device_loss(e)
                 log.exception("engine step failed")
                 for slot in slots:
                     self._release(slot)
@@ -231,6 +234,10 @@ class Scheduler:
             del self._slots[slot.seq_id]
         self._metrics.record_sequence(stats)
         return stats
+
+    def _note_device_loss(self, error: Exception) -> None:
+        if isinstance(error, DeviceLostError):
+            self.device_lost = str(error)  # /health says so from now on
 
     def _fail(self, job: Job, error: Exception) -> None:
         self._done(job, "error")
