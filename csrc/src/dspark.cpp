@@ -49,6 +49,7 @@ static int32_t guard(F && f) {
 
 // Free an object: through guard (a free talks to the devices it used), but not at all once an RPC
 // server it used was lost, since that would wait on the dead server; it is leaked instead.
+// `devices` must come from the object itself, not from objects it points to.
 template <typename T>
 static void guarded_free(T * obj, const std::vector<ggml_backend_dev_t> & devices) {
     if (!obj || dspark_rpc_lost(devices)) {
@@ -406,7 +407,8 @@ struct dspark_model * dspark_model_load_from_file(const char * path, const struc
 }
 
 void dspark_model_free(struct dspark_model * model) {
-    guarded_free(model, model ? model->devices() : std::vector<ggml_backend_dev_t>());
+    // its own devices only: a draft's target may be gone already (it must not be read here)
+    guarded_free(model, model && model->weights ? model->weights->devices : std::vector<ggml_backend_dev_t>());
 }
 
 const struct dspark_gguf * dspark_model_gguf(const struct dspark_model * m) {
