@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dspark_ggml.context import Context
-from dspark_ggml.draft import DraftModel
+from dspark_ggml.draft import DraftContext, DraftModel
 from dspark_ggml.engine import Engine
 from dspark_ggml.errors import FileFormatError, InvalidArgumentError, UnsupportedError
 from dspark_ggml.model import Model
@@ -191,3 +191,17 @@ def test_thread_counts_beyond_ggmls_pool_are_refused(good):
         with pytest.raises(InvalidArgumentError, match="n_threads in 1 .. 512"):
             ctx.set_threads(513)
         assert len(Engine(ctx).generate(PROMPT, SamplingParams(max_tokens=3))) == 3
+
+
+def test_a_draft_freed_after_its_target_does_not_read_it(good, draft):
+    """Garbage collection frees the objects of a cycle in any order: freeing a draft whose target is
+    already gone must not touch the target (ASan, in CI, sees a read of the freed target)."""
+    target = Model(good[0])
+    d = DraftModel(draft, target)
+    dctx = DraftContext(d, n_ctx=64)
+    ctx = Context(target, n_ctx=64)
+    target.close()
+    ctx.close()
+    d.close()
+    dctx.close()
+    assert d._handle is None and target._handle is None
