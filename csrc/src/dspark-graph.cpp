@@ -1,6 +1,12 @@
 #include "dspark-graph.h"
 
+#include "dspark-attention.h"
+
+#include "ggml-backend.h"
+
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 ggml_tensor * dspark_graph_input(ggml_context * ctx, ggml_type type, int64_t ne0, int64_t ne1, const char * name) {
     ggml_tensor * t = ne1 > 0 ? ggml_new_tensor_2d(ctx, type, ne0, ne1) : ggml_new_tensor_1d(ctx, type, ne0);
@@ -60,6 +66,13 @@ void dspark_graph::store_kv(const dspark_kv_cache & kv, int il, ggml_tensor * k,
     expand(ggml_set_rows(ctx, kv.v[il], v2, kv_idx));
 }
 
+// A cache in host memory is read by the CPU: there our attention node replaces ggml's flash
+// attention (see dspark-attention.h), unless DSPARK_CPU_ATTENTION=ggml asks for ggml's.
+static bool own_cpu_attention(const ggml_tensor * cache) {
+    static const bool off = getenv("DSPARK_CPU_ATTENTION") && strcmp(getenv("DSPARK_CPU_ATTENTION"), "ggml") == 0;
+    return !off && cache->buffer && ggml_backend_buffer_is_host(cache->buffer);
+}
+
 ggml_tensor * dspark_graph::attention(const dspark_kv_cache & kv, int il, ggml_tensor * q, ggml_tensor * mask, int n_kv,
                                       int head_dim, int n_head_kv, float scale, bool flash, ggml_tensor * sinks) const {
     const int64_t H = q->ne[1], T = q->ne[2];
@@ -73,7 +86,9 @@ ggml_tensor * dspark_graph::attention(const dspark_kv_cache & kv, int il, ggml_t
     ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);  // [D, T, H]
 
     ggml_tensor * out;
-    if (flash) {
+    if (flash && !sinks && q->type == GGML_TYPE_F32 && own_cpu_attention(kc) && dspark_attention_cpu_supports(k, v, mask)) {
+        out = dspark_attention_cpu(ctx, q, k, v, mask, scale);  // [D, H, T]
+    } else if (flash) {
         out = ggml_flash_attn_ext(ctx, qp, k, v, mask, scale, 0.0f, 0.0f);  // [D, H, T]
         if (sinks) {
             ggml_flash_attn_ext_add_sinks(out, sinks);
