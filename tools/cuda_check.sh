@@ -19,6 +19,10 @@ if ! find "$cuda_root"/ /usr/include -maxdepth 4 -name cublas_v2.h 2>/dev/null |
     exit 2
 fi
 
+# The toolkit's own libraries (cuBLAS, cudart) are loaded at run time: find them even where the
+# toolkit is not in the loader's configuration.
+export LD_LIBRARY_PATH="$cuda_root/lib64:$cuda_root/targets/$(uname -m)-linux/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
 # Without a GPU driver there is no libcuda.so to link ggml's virtual-memory pool against: a compile
 # check then builds without it (GGML_CUDA_NO_VMM, a supported ggml option).
 extra=()
