@@ -262,10 +262,11 @@ struct dspark_context_params {
     int32_t  n_threads;             /* CPU threads; <= 0 = all hardware threads                            */
     int32_t  type_kv;               /* enum dspark_kv_type; default F16                                     */
     int32_t  flash_attn;            /* enum dspark_flash_attn; default AUTO                                 */
-    bool     batch_invariant;       /* CPU: ggml's reference kernels, so a row's results do not depend on the
-                                       rest of its batch (flash attention row by row, no tiled matmul, no
-                                       fused ops); what a server needs for the same tokens in any batch.
-                                       Default false (the faster batch-dependent kernels) */
+    bool     batch_invariant;       /* CPU: a row's results must not depend on the rest of its batch (what a
+                                       server needs for the same tokens in any batch). Builds with our CPU
+                                       attention node (AVX2/FMA/F16C) are so already; others switch to
+                                       ggml's reference kernels (flash attention row by row, no fused ops).
+                                       Default false */
 };
 
 DSPARK_API struct dspark_context_params dspark_context_default_params(void);

@@ -245,6 +245,10 @@ bool cache_type_ok(const ggml_tensor * t) {
 
 }  // namespace
 
+bool dspark_attention_cpu_available() {
+    return true;
+}
+
 bool dspark_attention_cpu_supports(const ggml_tensor * k, const ggml_tensor * v, const ggml_tensor * mask) {
     return cache_type_ok(k) && cache_type_ok(v) && k->ne[0] % GROUP == 0 && v->ne[0] == k->ne[0] &&
            (!mask || mask->type == GGML_TYPE_F16);
@@ -258,6 +262,10 @@ ggml_tensor * dspark_attention_cpu(ggml_context * ctx, ggml_tensor * q, ggml_ten
 }
 
 #else  // no SIMD kernel in this build
+
+bool dspark_attention_cpu_available() {
+    return false;
+}
 
 bool dspark_attention_cpu_supports(const ggml_tensor *, const ggml_tensor *, const ggml_tensor *) {
     return false;

@@ -16,6 +16,9 @@
 
 #include "ggml.h"
 
+// Is the kernel in this build (AVX2, FMA and F16C at compile time)?
+bool dspark_attention_cpu_available();
+
 // Can dspark_attention_cpu run over these K / V views (permuted to [D, n_kv, Hkv]) and mask?
 bool dspark_attention_cpu_supports(const ggml_tensor * k, const ggml_tensor * v, const ggml_tensor * mask);
 

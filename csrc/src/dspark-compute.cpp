@@ -1,6 +1,7 @@
 #include "dspark-compute.h"
 
 #include "dspark-backend.h"
+#include "dspark-attention.h"
 #include "dspark-impl.h"
 #include "dspark-rpc.h"
 
@@ -61,8 +62,11 @@ void dspark_compute::set_threads(int n_threads) {
     }
 }
 
+// ggml's reference kernels are needed for its flash attention, which picks kernels by batch shape;
+// our CPU attention node is batch-invariant itself, and ggml's other kernels compute a row alike
+// in any batch, so with the node in the build the fast kernels stay.
 void dspark_compute::set_batch_invariant(bool on) {
-    dspark_backend_set_reference_kernels(backend_cpu, on);
+    dspark_backend_set_reference_kernels(backend_cpu, on && !dspark_attention_cpu_available());
 }
 
 bool dspark_compute::abort_trampoline(void * self) {

@@ -62,10 +62,10 @@ class Context(NativeHandle):
         n_threads: CPU threads; None (default) = all hardware threads.
         type_kv: KV cache type, "f16" (default), "f32", "bf16" or "q8_0".
         flash_attn: "auto" (default: where the device supports it), True or False.
-        batch_invariant: run kernels whose results for a row do not depend on the rest of the batch
-            (on the CPU ggml's reference ones: flash attention row by row, no tiled matmul, no fused
-            ops), so a sequence decodes to the same logits alone and next to any others. Default
-            False (the faster batch-dependent kernels); a server turns it on.
+        batch_invariant: a row's results must not depend on the rest of the batch, so a sequence
+            decodes to the same logits alone and next to any others. Builds with the CPU attention
+            node (AVX2/FMA/F16C) are so already; others switch to ggml's reference kernels (flash
+            attention row by row, no fused ops). Default False; a server turns it on.
     """
 
     _free_function = "dspark_context_free"

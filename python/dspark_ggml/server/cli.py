@@ -20,8 +20,8 @@ API_KEY_ENV = "DSPARK_GGML_API_KEY"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     g = p.add_argument_group("server", "Here -t defaults to all cores but one (left to the HTTP side), "
-                             "the contexts run batch-invariant kernels (on the CPU ggml's reference ones, "
-                             "flash attention row by row): a request gets the same tokens in any batch, and "
+                             "the contexts run batch-invariant kernels (on the CPU our attention node, or ggml's reference "
+                             "kernels in builds without it): a request gets the same tokens in any batch, and "
                              "--spec-schedule defaults to adaptive (block length per step from measured costs "
                              "and acceptance: shorter blocks, or none, as the batch grows).")
     g.add_argument("--host", default=d.host,
