@@ -142,17 +142,17 @@ inline void accumulate_values(const float * p, const float * v, int64_t nc, int6
 
 struct work_buffers {
     std::vector<float> k, v, s, o, m, l;
+    std::vector<float> mask;  // one token's mask over the block, shared by the heads of the group
 };
 
 // Fold one block into query row r's running softmax: scores, weights, the weighted sum of values.
-void fold_row(const float * qv, const ggml_fp16_t * mrow, int64_t c0, int64_t nc, int64_t D, float scale,
-              work_buffers & w, int64_t r) {
+void fold_row(const float * qv, int64_t nc, int64_t D, float scale, work_buffers & w, int64_t r) {
     const int64_t ng = (nc + GROUP - 1) / GROUP;
     float * s = w.s.data();
     const __m256 vscale = _mm256_set1_ps(scale);
     float bm = -INFINITY;
     for (int64_t g = 0; g < ng; ++g) {
-        const __m256 mv = mask8(mrow ? mrow + c0 : nullptr, g * GROUP, nc);
+        const __m256 mv = _mm256_loadu_ps(w.mask.data() + g * GROUP);
         const __m256 sv = _mm256_add_ps(_mm256_mul_ps(dot8(qv, w.k.data() + g * GROUP * D, D), vscale), mv);
         _mm256_storeu_ps(s + g * GROUP, sv);
     }
@@ -189,6 +189,7 @@ void attend(ggml_tensor * dst, int64_t hkv, int64_t t0, int64_t t1, float scale,
     w.k.resize((size_t) (BLOCK * D));
     w.v.resize((size_t) (BLOCK * D));
     w.s.resize((size_t) BLOCK);
+    w.mask.resize((size_t) BLOCK);
     w.o.assign((size_t) (R * D), 0.0f);
     w.m.assign((size_t) R, -INFINITY);
     w.l.assign((size_t) R, 0.0f);
@@ -209,9 +210,12 @@ void attend(ggml_tensor * dst, int64_t hkv, int64_t t0, int64_t t1, float scale,
                 load_block(v, hkv, c0, nc, w.v.data());
                 loaded = true;
             }
+            for (int64_t g = 0; g < nc; g += GROUP) {
+                _mm256_storeu_ps(w.mask.data() + g, mask8(mrow ? mrow + c0 : nullptr, g, nc));
+            }
             for (int64_t g = 0; g < G; ++g) {
                 const float * qv = (const float *) ((const char *) q->data + t * q->nb[2] + (hkv * G + g) * q->nb[1]);
-                fold_row(qv, mrow, c0, nc, D, scale, w, (t - t0) * G + g);
+                fold_row(qv, nc, D, scale, w, (t - t0) * G + g);
             }
         }
     }

@@ -64,7 +64,6 @@ static dspark_placement placement_for(const dspark_model_params & params, ggml_b
             }
         }
     }
-    dspark_rpc_check_alive(where.devices());
     return where;
 }
 
@@ -93,9 +92,9 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
         f.fail(DSPARK_STATUS_BAD_FORMAT, "tensor 'token_embd.weight' has no rows (empty vocabulary)");
     }
     m->weights->warn_unused();
-    ggml_backend_dev_t main = dspark_device_pick(params.device);
-    dspark_rpc_check_alive({main});
-    m->weights->load(placement_for(params, main, (int) m->target->hp.n_layer), params.use_mmap, params.cpu_repack,
+    const dspark_placement where = placement_for(params, dspark_device_pick(params.device), (int) m->target->hp.n_layer);
+    dspark_rpc_check_alive(where.devices());  // a lost server would be waited on by the upload
+    m->weights->load(where, params.use_mmap, params.cpu_repack,
                      {"token_embd.weight", "per_layer_token_embd.weight"});
     m->device_names = names_of(m->weights->devices);
     if (m->target->output == m->target->tok_embd) {  // tied: the lm head's matmuls from a repacked copy
@@ -147,8 +146,9 @@ dspark_model * dspark_model_load_draft(const std::string & path, const dspark_mo
     m->weights->warn_unused();
     // -1 with a target: the target's device, so by default both models share one device
     ggml_backend_dev_t dev = target && params.device == -1 ? target->device() : dspark_device_pick(params.device);
-    dspark_rpc_check_alive({dev});
-    m->weights->load(placement_for(params, dev, (int) m->draft->hp.n_layer), params.use_mmap, params.cpu_repack,
+    const dspark_placement where = placement_for(params, dev, (int) m->draft->hp.n_layer);
+    dspark_rpc_check_alive(where.devices());
+    m->weights->load(where, params.use_mmap, params.cpu_repack,
                      {"token_embd.weight", "markov_w1.weight"});
     m->device_names = names_of(m->weights->devices);
     if (m->draft->d2t) {

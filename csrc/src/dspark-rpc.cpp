@@ -111,7 +111,7 @@ static ggml_backend_reg_t rpc_reg() {
 static std::atomic<bool>       g_active{false};  // a server was added: calls run on workers
 static std::mutex              g_mu;
 static std::condition_variable g_cv;             // a call finished, or a server was lost
-static uint64_t                g_n_lost = 0;
+static std::atomic<uint64_t>   g_n_lost{0};     // changed under g_mu; read without it on every compute
 static std::string             g_lost_why;
 static thread_local bool       t_in_call = false;
 
@@ -121,11 +121,8 @@ bool dspark_device_is_rpc(ggml_backend_dev_t dev) {
 }
 
 bool dspark_rpc_lost(const std::vector<ggml_backend_dev_t> & devices) {
-    {
-        std::lock_guard<std::mutex> lock(g_mu);
-        if (g_n_lost == 0) {
-            return false;
-        }
+    if (g_n_lost.load() == 0) {
+        return false;  // the usual case, checked before every graph: no lock
     }
     for (ggml_backend_dev_t d : devices) {
         if (dspark_device_is_rpc(d)) {
@@ -257,7 +254,7 @@ int32_t dspark_run_call(const std::function<int32_t()> & call) {
     auto job = std::make_shared<call_job>();
     job->fn = call;
     std::unique_lock<std::mutex> lock(g_mu);
-    const uint64_t lost_before = g_n_lost;
+    const uint64_t lost_before = g_n_lost.load();
     lock.unlock();
     pool->submit(job);
     lock.lock();
