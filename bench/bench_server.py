@@ -3,10 +3,13 @@ without the draft, on the demo pair; optionally the same load against llama.cpp'
 
     python bench/bench_server.py [--concurrency 1 4 16] [--max-tokens 128] [--threads N]
                                  [--llama-server PATH] [--rounds N] [--json OUT.json]
+                                 [-m TARGET.gguf -md DRAFT.gguf] [--prompts short|humaneval|FILE.jsonl]
 
 Each level sends ``--requests`` streamed greedy completions (default: 4 per client, at least 8)
 from ``concurrency`` clients at once. Per request: TTFT (time to the first text), TPOT (time per
 output token after the first); per level: tokens/s summed over the requests and p50/p99 of both.
+The pair is the demo's unless -m/-md name another; the prompts are eight one-line code starts
+(`short`) unless --prompts names HumanEval's (`humaneval`, the shared set) or a JSONL file.
 Servers run with as many slots as the largest concurrency. With --llama-server, the same load goes
 to `llama-server -m TARGET -md DRAFT --spec-type draft-dspark -np N -fa on` and the table adds our
 throughput as a ratio of its. Flash attention is on on both sides (ours: its default, with
@@ -101,20 +104,36 @@ class Server:
                 self.proc.kill()
 
 
-def ours(n_slots: int, threads: int, draft: bool, extra: list[str]) -> Server:
+@dataclass
+class Pair:
+    """The target and draft GGUFs the servers load (None: the demo pair)."""
+
+    target: str | None = None
+    draft: str | None = None
+
+    def ours(self) -> list[str]:
+        return ["--demo"] if self.target is None else ["-m", self.target, "-md", str(self.draft)]
+
+    def files(self) -> tuple[str, str]:
+        from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
+
+        return (TARGET_PATH, DRAFT_PATH) if self.target is None else (self.target, str(self.draft))
+
+
+def ours(pair: Pair, n_slots: int, threads: int, draft: bool, extra: list[str]) -> Server:
     port = free_port()
-    cmd = [sys.executable, "-m", "dspark_ggml", "serve", "--demo", "--port", str(port), "-np", str(n_slots),
+    cmd = [sys.executable, "-m", "dspark_ggml", "serve", *pair.ours(), "--port", str(port), "-np", str(n_slots),
            "-t", str(threads), "--log-level", "warning", "--queue-size", "256", *extra]
     if not draft:
         cmd += ["--spec-type", "none"]
     return Server("dspark-ggml" + ("+draft" if draft else ""), cmd, port)
 
 
-def llama_server(binary: str, n_slots: int, threads: int, n_ctx_per_slot: int, extra: list[str]) -> Server:
-    from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
-
+def llama_server(pair: Pair, binary: str, n_slots: int, threads: int, n_ctx_per_slot: int,
+                 extra: list[str]) -> Server:
+    target, draft = pair.files()
     port = free_port()
-    cmd = [binary, "-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-type", "draft-dspark",
+    cmd = [binary, "-m", target, "-md", draft, "--spec-type", "draft-dspark",
            "--spec-draft-n-max", "8",
            "-np", str(n_slots), "-c", str(n_slots * n_ctx_per_slot), "-t", str(threads), "-tb", str(threads),
            "-fa", "on", "--port", str(port), "--host", "127.0.0.1", "--no-webui", *extra]
@@ -149,8 +168,20 @@ def one_request(client: httpx.Client, prompt: str, max_tokens: int) -> Sample:
     return Sample(first - t0, (last - first) / (tokens - 1) if tokens > 1 else 0.0, tokens)
 
 
-def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int) -> Level:
-    jobs = [PROMPTS[i % len(PROMPTS)] for i in range(n_requests)]
+def load_prompt_set(name: str) -> list[str]:
+    """`short` (the built-in code starts), `humaneval` (the shared set, 8 prompts) or a JSONL file."""
+    if name == "short":
+        return PROMPTS
+    from dspark_ggml.benchmark import default_prompt_file, load_prompts
+
+    path = default_prompt_file() if name == "humaneval" else Path(name)
+    if path is None or not path.exists():
+        raise SystemExit(f"no prompt file for --prompts {name}")
+    return load_prompts(path, 8)
+
+
+def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int, prompts: list[str]) -> Level:
+    jobs = [prompts[i % len(prompts)] for i in range(n_requests)]
     lock = threading.Lock()
     samples: list[Sample] = []
     errors: list[str] = []
@@ -213,24 +244,31 @@ def main() -> int:
                     help="run every server this many times, in turns, and report each level's median "
                          "round (by tokens/s): on a shared machine one round can be noisy")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    ap.add_argument("-m", "--model", help="target GGUF (default: the demo pair)")
+    ap.add_argument("-md", "--model-draft", help="draft GGUF, with -m")
+    ap.add_argument("--prompts", default="short", help="short (default), humaneval, or a JSONL file")
     args = ap.parse_args()
+    if (args.model is None) != (args.model_draft is None):
+        ap.error("-m and -md go together")
+    pair = Pair(args.model, args.model_draft)
+    prompts = load_prompt_set(args.prompts)
     n_slots = max(args.concurrency)
     mine, theirs = shlex.split(args.ours_args), shlex.split(args.llama_args)
-    factories = [("dspark-ggml+draft", lambda: ours(n_slots, args.threads, True, mine)),
-                 ("dspark-ggml", lambda: ours(n_slots, args.threads, False, mine))]
+    factories = [("dspark-ggml+draft", lambda: ours(pair, n_slots, args.threads, True, mine)),
+                 ("dspark-ggml", lambda: ours(pair, n_slots, args.threads, False, mine))]
     if args.llama_server:
         factories.append(("llama-server+draft",
-                          lambda: llama_server(args.llama_server, n_slots, args.threads,
+                          lambda: llama_server(pair, args.llama_server, n_slots, args.threads,
                                                args.max_tokens + 256, theirs)))
     runs: dict[tuple[str, int], list[Level]] = {}
     for _ in range(args.rounds):  # servers take turns: a load change on the machine hits them all
         for name, make in factories:
             server = make()
             try:
-                one_request(httpx.Client(base_url=server.url, timeout=600), PROMPTS[0], 8)  # warm up
+                one_request(httpx.Client(base_url=server.url, timeout=600), prompts[0], 8)  # warm up
                 for c in args.concurrency:
                     n = args.requests or max(8, 4 * c)
-                    lv = run_level(server, c, n, args.max_tokens)
+                    lv = run_level(server, c, n, args.max_tokens, prompts)
                     runs.setdefault((name, c), []).append(lv)
                     print(f"{name} c={c}: {lv.tokens_per_s:.1f} tokens/s", file=sys.stderr, flush=True)
             finally:

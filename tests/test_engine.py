@@ -237,6 +237,27 @@ def test_host_sampler_follows_the_chain_definition():
     assert sample_rows(logits, [0.5], SamplingParams())[0] == order[0]  # temperature 0: argmax
 
 
+def test_host_sampler_matches_numpy_at_a_large_vocabulary():
+    # 40003 tokens: the host softmax's vector blocks of 1024 and its scalar tail of 3 both count;
+    # a third of the logits are -inf (a reduced-vocabulary draft's unreachable ids: probability 0)
+    # and the three likeliest tokens sit in the tail
+    rng = np.random.default_rng(5)
+    V, T = 40003, 0.7
+    logits = rng.normal(0, 2, size=(V,)).astype(np.float32)
+    logits[rng.random(V) < 1 / 3] = -np.inf
+    logits[-3:] = [9.0, 8.5, 8.0]
+    z = logits.astype(np.float64) / T
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    cdf = np.cumsum(p)
+    # draws half-way between cumulative sums, far from any boundary the rounding could move
+    picks = np.concatenate([rng.choice(np.flatnonzero(p > 1e-4), 40, replace=False), [V - 3, V - 2, V - 1]])
+    u = np.array([cdf[i] - p[i] / 2 for i in picks], np.float32)
+    got = sample_rows(np.tile(logits, (len(u), 1)), u, SamplingParams(temperature=T))
+    assert list(got) == list(picks)
+    assert not np.isin(got, np.flatnonzero(np.isinf(logits))).any()
+
+
 # ---- stops, limits, parameters ----------------------------------------------------------------------
 
 def test_stops_end_a_sequence_while_others_go_on(setup):

@@ -10,7 +10,7 @@
 // csrc/CMakeLists.txt); other builds keep ggml's flash attention.
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #    define DSPARK_ATTENTION_SIMD 1
-#    include <immintrin.h>
+#    include "dspark-simd.h"
 #else
 #    define DSPARK_ATTENTION_SIMD 0
 #endif
@@ -81,31 +81,6 @@ inline __m256 dot8(const float * q, const float * k, int64_t D) {
     return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
 }
 
-// exp(x) for x <= 0, 8 at a time: 2^k · e^r, |r| <= ln2/2, degree-6 polynomial (~2e-7 relative).
-inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(1.42860682030941723e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
 // The mask of cells [c, c + 8) of a row as f32, cells at or past n hidden (-inf).
 inline __m256 mask8(const ggml_fp16_t * mrow, int64_t c, int64_t n) {
     ggml_fp16_t m[GROUP];
@@ -169,12 +144,12 @@ void fold_row(const float * qv, int64_t nc, int64_t D, float scale, work_buffers
     __m256 acc = zero;
     for (int64_t g = 0; g < ng; ++g) {
         const __m256 x = _mm256_loadu_ps(s + g * GROUP);
-        const __m256 p = _mm256_blendv_ps(exp8(_mm256_sub_ps(x, mv_new)), zero, _mm256_cmp_ps(x, neg_inf, _CMP_EQ_OQ));
+        const __m256 p = _mm256_blendv_ps(dspark_exp8(_mm256_sub_ps(x, mv_new)), zero, _mm256_cmp_ps(x, neg_inf, _CMP_EQ_OQ));
         _mm256_storeu_ps(s + g * GROUP, p);
         acc = _mm256_add_ps(acc, p);
     }
     accumulate_values(s, w.v.data(), nc, D, alpha, w.o.data() + r * D);
-    w.l[r] = w.l[r] * alpha + hsum(acc);
+    w.l[r] = w.l[r] * alpha + dspark_hsum8(acc);
     m = m_new;
 }
 

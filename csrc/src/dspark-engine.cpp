@@ -779,6 +779,10 @@ void dspark_engine::target_p_row(int row, const dspark_sampler_params & sp, std:
     }
     dspark_distribution dist;
     dspark_sampler_distribution(logits, V, sp, dist);
+    if (!sp.sorts(V)) {  // every token a candidate, in vocabulary order: the probabilities are the row
+        pd.swap(dist.probs);
+        return;
+    }
     pd.assign(V, 0.0f);
     for (size_t c = 0; c < dist.ids.size(); ++c) {
         pd[dist.ids[c]] = dist.probs[c];

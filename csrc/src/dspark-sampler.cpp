@@ -20,22 +20,6 @@ int32_t dspark_argmax(const float * logits, int n_vocab) {
     return best;
 }
 
-void dspark_softmax(std::vector<float> & x, float scale) {
-    float mx = -INFINITY;
-    for (float v : x) {
-        mx = std::max(mx, v * scale);
-    }
-    double sum = 0.0;
-    for (float & v : x) {
-        v = expf(v * scale - mx);
-        sum += v;
-    }
-    const float inv = (float) (1.0 / sum);
-    for (float & v : x) {
-        v *= inv;
-    }
-}
-
 // Candidates in the order the graph uses: top-k or all tokens sorted by logit (descending), or
 // vocabulary order when nothing filters.
 static void candidates(const float * logits, int n_vocab, const dspark_sampler_params & p, std::vector<int32_t> & ids) {
