@@ -374,6 +374,18 @@ def test_adaptive_schedule_stops_drafting_what_is_never_accepted(setup, tmp_path
     assert n_adaptive < n_static / 4, (n_adaptive, n_static)
 
 
+def test_adaptive_schedule_measures_every_position_first(setup):
+    """A fresh adaptive schedule's first step drafts the longest block for every sequence: one step
+    then measures the acceptance of all positions, which trying one more token at a time from its
+    best length can miss (on a model whose verify costs grow unevenly with its length)."""
+    target, drafts = setup
+    eng = _engine(target, drafts["bigram"], n_seq=3, schedule="adaptive")
+    for s, p in enumerate(PROMPTS):
+        eng.add(s, p, SamplingParams(max_tokens=40))
+    eng.step()
+    assert eng.stats().n_drafted == 3 * eng.n_draft
+
+
 def test_adaptive_and_confidence_schedules_calibrate_on_empty_contexts(setup):
     target, drafts = setup
     ctx = Context(target, n_ctx=256, n_seq_max=2, type_kv="f32", n_threads=1)

@@ -23,6 +23,10 @@ struct dspark_block_schedule {
     // Time between the end of the last step and the start of this one (capped: an idle server is
     // not a cost of stepping).
     void observe_gap(double ms, double last_step_ms);
+    // The whole of the step just run (of the length choose returned): what it cost beyond the two
+    // curves' prediction (a draft catching up after steps without one, graphs rebuilt for a new
+    // length, the host's work) is added to the cost of every length of its kind from now on.
+    void observe_step(double ms);
     // The schedule's clock, in steps (what the cost curves age their measurements by).
     uint64_t now() const { return (uint64_t) n_steps + 1; }
     // Expected tokens per ms of a step of length K (what choose maximises).
@@ -31,8 +35,20 @@ struct dspark_block_schedule {
   private:
     int    n_max = 0;
     double gap_ms = 0.0;
+    double extra_ms[2] = {0.0, 0.0};  // running unmodeled time of steps without [0] and with [1] a draft
+    int    chosen = -1;               // the length choose returned last, and the curves' time for it
+    double chosen_ms = 0.0;
+    bool   explored = false;          // whether that length was a try
+    double plain_ms = 0.0;            // running time of a step that is not a try
+    double explore_cost_ms = 0.0;     // what the last try cost beyond one
+    double since_explore_ms = 0.0;    // time of the steps since the last try
+
+    double modeled_ms(const std::vector<const dspark_acceptance *> & seqs, const std::vector<int> & budget, int K,
+                      double * tokens) const;
     long   n_steps = 0;
-    long   next_explore = 16, explore_every = 16;
+    long   next_explore = 1, explore_every = 16;  // the first step is a try
     int    last_best = -1;
-    int    explore_dir = 1;
+    int    explore_phase = 0;                     // which try comes next: longest, shorter, longer, shorter
+
+    int explore(int best, int n_min);
 };

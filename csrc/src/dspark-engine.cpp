@@ -420,6 +420,9 @@ int32_t dspark_engine::step_once() {
     }
     last_step_end = clock_type::now();
     last_step_ms = std::chrono::duration<double, std::milli>(last_step_end - t0).count();
+    if (costed()) {
+        blocks.observe_step(last_step_ms);
+    }
     return active;
 }
 
