@@ -20,8 +20,9 @@ static constexpr long kExploreMax = 256;
 static constexpr double kExploreShare = 0.05;
 // A new length must promise this much more than the current one: a change of length rebuilds
 // the target's and the draft's graphs, and a draft resumed after steps without one first injects
-// what they committed; neither is in the per-step costs (on a small model a rebuild costs about a
-// step), so near-ties would otherwise flip the length back and forth.
+// what they committed; those enter the per-step costs only as a running average (extra_ms), not
+// for the step that pays them (on a small model a rebuild costs about a step), so near-ties would
+// otherwise flip the length back and forth.
 static constexpr double kSwitchMargin = 0.15;
 // Weight of a new gap in its running mean.
 static constexpr double kNewGap = 0.25;

@@ -1,7 +1,8 @@
 // How long a block to draft this step, from what steps cost and what drafts are worth: for each
 // length K (0 = no draft) the expected tokens of the step (per sequence 1 + the survival of its
 // first K drafts) over its expected time (drafting the sequences at K, verifying their
-// n_seq * (K + 1) tokens, and the time between steps spent outside the engine). As the batch grows
+// n_seq * (K + 1) tokens, the time between steps spent outside the engine, and what recent steps
+// with or without a draft took beyond those curves). As the batch grows
 // the verify stops getting cheaper per token and the draft costs more, so K shrinks, down to no
 // draft at all. One K for the whole step: the draft runs one graph for all sequences.
 #pragma once
