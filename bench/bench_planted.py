@@ -45,6 +45,13 @@ def greedy_paths(target: Path, prompts: list[list[int]], n: int, threads: int) -
     return out
 
 
+def draft_config(vocab: int) -> DraftConfig:
+    """The planted drafts' shape (1 layer, block 8, a rank-RANK Markov head, an own head over a
+    reduced vocabulary of `vocab` tokens), shared by bench_planted_sampled.py."""
+    return DraftConfig(n_layer=1, n_head=16, n_head_kv=8, head_dim=64, n_ff=3072, block_size=8, markov_rank=RANK,
+                       target_layers=[1, 14, 27], draft_vocab=vocab, own_head=True, dtype="q8_0")
+
+
 def planted_draft(target: Path, paths: list[list[int]], accept: float, out: Path) -> Path:
     """A reduced-vocabulary draft (as speculators' are) whose vocabulary holds the paths' tokens:
     its head is zero and its Markov table carries the planted bigrams, so W2 is small."""
@@ -52,9 +59,7 @@ def planted_draft(target: Path, paths: list[list[int]], accept: float, out: Path
     tokens = sorted({t for path in paths for t in path})
     vd = max(RANK, len(tokens))
     src = out.with_suffix(".src.gguf")
-    write_draft(src, DraftConfig(n_layer=1, n_head=16, n_head_kv=8, head_dim=64, n_ff=3072, block_size=8,
-                                 markov_rank=RANK, target_layers=[1, 14, 27], draft_vocab=vd, own_head=True,
-                                 dtype="q8_0"), cfg, seed=1, return_weights=False)
+    write_draft(src, draft_config(vd), cfg, seed=1, return_weights=False)
     rest = [t for t in range(cfg.n_vocab) if t not in set(tokens)][: vd - len(tokens)]
     d2t = np.array(tokens + rest, dtype=np.int64)  # draft id -> target id
     draft_id = {int(t): i for i, t in enumerate(d2t)}

@@ -32,15 +32,15 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
+from bench_planted import RANK, draft_config  # noqa: E402
 from bench_target import model_path as qwen3_0_6b  # noqa: E402
 from common import RESULTS, cached_model, print_table  # noqa: E402
 
 from dspark_ggml.benchmark import compare, default_prompt_file, load_prompts  # noqa: E402
 from dspark_ggml.tokenizer import Tokenizer  # noqa: E402
 from tests.gguf_edit import rewrite_gguf  # noqa: E402
-from tests.tiny_models import DraftConfig, TargetConfig, write_draft  # noqa: E402
+from tests.tiny_models import TargetConfig, write_draft  # noqa: E402
 
-RANK = 256        # the bigram table's rank: the draft's Markov rank
 SUPPORT = 512     # tokens the bigram model can produce (the draft's vocabulary)
 LOGIT_STD = 3.0   # spread of the planted logits: a few likely successors per token
 OUTSIDE = -30.0   # logit of the tokens outside the support
@@ -105,9 +105,7 @@ def planted_target(src: Path, plan: BigramPlan, context: float, out: Path) -> Pa
 def planted_draft(plan: BigramPlan, out: Path) -> Path:
     cfg = TargetConfig.qwen3_0_6b_shape()
     src = out.with_suffix(".src.gguf")
-    write_draft(src, DraftConfig(n_layer=1, n_head=16, n_head_kv=8, head_dim=64, n_ff=3072, block_size=8,
-                                 markov_rank=RANK, target_layers=[1, 14, 27], draft_vocab=SUPPORT, own_head=True,
-                                 dtype="q8_0"), cfg, seed=1, return_weights=False)
+    write_draft(src, draft_config(SUPPORT), cfg, seed=1, return_weights=False)
     # bias(next | cur) = W2[next] . W1[cur] = b_next . a_cur / rms: the target's logit
     rewrite_gguf(src, out, tensors={"markov_w1.weight": plan.a, "markov_w2.weight": plan.b / plan.rms,
                                     "d2t": plan.support.astype(np.int64),

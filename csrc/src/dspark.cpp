@@ -47,6 +47,17 @@ static int32_t guard(F && f) {
     });
 }
 
+// guard for calls whose result is a count (>= 0): the count, or the (negative) status.
+template <typename T, typename F>
+static T guard_count(F && f) {
+    T out = 0;
+    const int32_t st = guard([&]() {
+        out = f();
+        return DSPARK_STATUS_OK;
+    });
+    return st < 0 ? st : out;
+}
+
 // Free an object: through guard (a free talks to the devices it used), but not at all once an RPC
 // server it used was lost, since that would wait on the dead server; it is leaked instead.
 // `devices` must come from the object itself, not from objects it points to.
@@ -121,21 +132,11 @@ const char * dspark_system_info(void) {
 // ---- quantization ----------------------------------------------------------------------------
 
 int64_t dspark_quant_size(const char * type, int64_t n_rows, int64_t n_per_row) {
-    int64_t out = 0;
-    const int32_t st = guard([&]() {
-        out = dspark_quant_bytes(type, n_rows, n_per_row);
-        return DSPARK_STATUS_OK;
-    });
-    return st < 0 ? st : out;
+    return guard_count<int64_t>([&]() { return dspark_quant_bytes(type, n_rows, n_per_row); });
 }
 
 int64_t dspark_quantize(const char * type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row) {
-    int64_t out = 0;
-    const int32_t st = guard([&]() {
-        out = dspark_quantize_rows(type, src, dst, n_rows, n_per_row);
-        return DSPARK_STATUS_OK;
-    });
-    return st < 0 ? st : out;
+    return guard_count<int64_t>([&]() { return dspark_quantize_rows(type, src, dst, n_rows, n_per_row); });
 }
 
 int32_t dspark_dequantize(const char * type, const void * src, size_t src_size, float * dst, int64_t n) {
@@ -204,12 +205,7 @@ int32_t dspark_rpc_add_server(const char * endpoint) {
         dspark_set_last_error("dspark_rpc_add_server: endpoint is NULL");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
-    int32_t n = 0;
-    const int32_t st = guard([&]() {
-        n = dspark_rpc_connect(std::string(endpoint));
-        return DSPARK_STATUS_OK;
-    });
-    return st == DSPARK_STATUS_OK ? n : st;
+    return guard_count<int32_t>([&]() { return dspark_rpc_connect(std::string(endpoint)); });
 }
 
 int32_t dspark_rpc_serve(const char * endpoint, int32_t device, int32_t n_threads) {
@@ -863,12 +859,7 @@ int32_t dspark_engine_step(struct dspark_engine * e) {
         dspark_set_last_error("dspark_engine_step: engine is NULL");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
-    int32_t active = 0;
-    const int32_t st = guard([&]() {
-        active = e->step();
-        return DSPARK_STATUS_OK;
-    });
-    return st < 0 ? st : active;
+    return guard_count<int32_t>([&]() { return e->step(); });
 }
 
 int32_t dspark_engine_run(struct dspark_engine * e, int32_t max_steps) {
@@ -876,12 +867,7 @@ int32_t dspark_engine_run(struct dspark_engine * e, int32_t max_steps) {
         dspark_set_last_error("dspark_engine_run: engine is NULL");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
-    int32_t n = 0;
-    const int32_t st = guard([&]() {
-        n = e->run(max_steps);
-        return DSPARK_STATUS_OK;
-    });
-    return st < 0 ? st : n;
+    return guard_count<int32_t>([&]() { return e->run(max_steps); });
 }
 
 int32_t dspark_engine_get_tokens(const struct dspark_engine * e, dspark_seq_id seq_id, const dspark_token ** tokens,
