@@ -1,6 +1,7 @@
 #include "dspark-graph.h"
 
 #include "dspark-attention.h"
+#include "dspark-matmul.h"
 
 #include "ggml-backend.h"
 
@@ -36,16 +37,29 @@ ggml_tensor * dspark_graph::rms_norm(ggml_tensor * x, ggml_tensor * w, float eps
 
 ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * scale) const {
     const int64_t n = x->ne[1];
+    const bool plain_2d = x->ne[2] == 1 && x->ne[3] == 1 && ggml_n_dims(w) <= 2;
+    const dspark_mm_plan plan = plain_2d ? dspark_matmul_plan_of(w) : dspark_mm_plan{};
     ggml_tensor * y;
-    // only worth its copy for large weights (small ones run from cache whatever the shape)
-    if (pad_odd_columns && n > 1 && n % 2 == 1 && x->ne[2] == 1 && ggml_is_contiguous(x) &&
-        ggml_nelements(w) >= (1 << 20)) {
+    if (plan.route == dspark_mm_route::rows || (plan.route == dspark_mm_route::own && n < plan.own_below)) {
+        y = dspark_matmul_node(ctx, w, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), plan.route);
+    } else if (pad_odd_columns && n > 1 && n % 2 == 1 && plain_2d && ggml_is_contiguous(x) &&
+               ggml_nelements(w) >= (1 << 20)) {
+        // llamafile's sgemm is measurably faster on 2k columns than on 2k-1, so the padding
+        // column is free (only worth its copy for large weights)
         y = ggml_mul_mat(ctx, w, ggml_pad(ctx, x, 0, 1, 0, 0));       // [out, n+1]
         y = ggml_view_2d(ctx, y, y->ne[0], n, y->nb[1], 0);            // the real columns
     } else {
         y = ggml_mul_mat(ctx, w, x);
     }
     return scale ? ggml_mul(ctx, y, scale) : y;
+}
+
+ggml_tensor * dspark_graph::mm_id(ggml_tensor * experts, ggml_tensor * x, ggml_tensor * ids) const {
+    if (dspark_matmul_plan_of(experts).route != dspark_mm_route::ggml) {
+        // ggml picks a kernel per expert by how many rows chose it: one row at a time instead
+        return dspark_matmul_id_rows(ctx, experts, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), ids);
+    }
+    return ggml_mul_mat_id(ctx, experts, x, ids);
 }
 
 ggml_tensor * dspark_graph::add(ggml_tensor * x, ggml_tensor * b) const {
@@ -108,10 +122,10 @@ ggml_tensor * dspark_graph::attention(const dspark_kv_cache & kv, int il, ggml_t
 }
 
 ggml_tensor * dspark_graph::ffn(ggml_tensor * x, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down, bool gelu) const {
-    ggml_tensor * g = ggml_mul_mat(ctx, gate, x);
-    ggml_tensor * u = ggml_mul_mat(ctx, up, x);
+    ggml_tensor * g = mm(gate, x);
+    ggml_tensor * u = mm(up, x);
     ggml_tensor * h = gelu ? ggml_geglu_split(ctx, g, u) : ggml_swiglu_split(ctx, g, u);
-    return ggml_mul_mat(ctx, down, h);
+    return mm(down, h);
 }
 
 ggml_tensor * dspark_graph::moe_ffn(ggml_tensor * x, ggml_tensor * router_logits, const dspark_moe & e) const {
@@ -137,16 +151,16 @@ ggml_tensor * dspark_graph::moe_ffn(ggml_tensor * x, ggml_tensor * router_logits
     ggml_tensor * x3 = ggml_reshape_3d(ctx, x, E, 1, T);
     ggml_tensor * g, * u;
     if (e.gate_up) {
-        ggml_tensor * gu = ggml_mul_mat_id(ctx, e.gate_up, x3, chosen);                  // [2F, K, T]
+        ggml_tensor * gu = mm_id(e.gate_up, x3, chosen);                  // [2F, K, T]
         const int64_t F = gu->ne[0] / 2;
         g = ggml_view_3d(ctx, gu, F, K, T, gu->nb[1], gu->nb[2], 0);
         u = ggml_view_3d(ctx, gu, F, K, T, gu->nb[1], gu->nb[2], F * gu->nb[0]);
     } else {
-        g = ggml_mul_mat_id(ctx, e.gate, x3, chosen);                                     // [F, K, T]
-        u = ggml_mul_mat_id(ctx, e.up, x3, chosen);
+        g = mm_id(e.gate, x3, chosen);                                     // [F, K, T]
+        u = mm_id(e.up, x3, chosen);
     }
     ggml_tensor * h = e.gelu ? ggml_geglu_split(ctx, g, u) : ggml_swiglu_split(ctx, g, u);
-    ggml_tensor * y = ggml_mul(ctx, ggml_mul_mat_id(ctx, e.down, h, chosen), w);          // [E, K, T]
+    ggml_tensor * y = ggml_mul(ctx, mm_id(e.down, h, chosen), w);          // [E, K, T]
     ggml_tensor * out = ggml_view_2d(ctx, y, E, T, y->nb[2], 0);
     for (int64_t k = 1; k < K; ++k) {
         out = ggml_add(ctx, out, ggml_view_2d(ctx, y, E, T, y->nb[2], k * y->nb[1]));

@@ -31,7 +31,11 @@ struct dspark_graph {
     ggml_tensor * rms_norm(ggml_tensor * x, ggml_tensor * w, float eps) const;
 
     // w · x, then times the optional one-element tensor `scale` (per-tensor scales of some GGUFs).
+    // On the CPU each column comes out as it would alone (the routes of dspark-matmul.h).
     ggml_tensor * mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * scale = nullptr) const;
+
+    // ggml_mul_mat_id (experts [E, F, X], x [E, B, T], ids I32 [K, T]), batch-invariant the same way.
+    ggml_tensor * mm_id(ggml_tensor * experts, ggml_tensor * x, ggml_tensor * ids) const;
 
     // x + b when b is given.
     ggml_tensor * add(ggml_tensor * x, ggml_tensor * b) const;

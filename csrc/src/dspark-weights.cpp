@@ -2,6 +2,7 @@
 
 #include "dspark-backend.h"
 #include "dspark-impl.h"
+#include "dspark-matmul.h"
 
 #include "ggml-alloc.h"
 
@@ -106,7 +107,8 @@ static ggml_backend_buffer_type_t cpu_repack_buft(ggml_backend_dev_t dev) {
 }
 
 // Would a matmul with weight w run from the repack buffer type? (asks the backend, as llama.cpp does)
-// 2-D weights go through mul_mat, 3-D expert stacks through mul_mat_id.
+// 2-D weights go through mul_mat, 3-D expert stacks through mul_mat_id. A layout whose kernels
+// compute a row differently in a batch of one than in larger batches is not used (dspark-matmul.h).
 static bool repack_supports(ggml_backend_dev_t dev, ggml_backend_buffer_type_t buft, ggml_tensor * w) {
     ggml_init_params ip = { /*.mem_size =*/ 3 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
     ggml_context * ctx = ggml_init(ip);
@@ -126,7 +128,7 @@ static bool repack_supports(ggml_backend_dev_t dev, ggml_backend_buffer_type_t b
     w->buffer = saved;
     ggml_backend_buffer_free(dummy);
     ggml_free(ctx);
-    return ok;
+    return ok && dspark_matmul_plan(buft, w->type, w->ne[0], w->ne[1]).route == dspark_mm_route::ggml;
 }
 
 // Copy the chosen tensors into one repack buffer (the backend converts them on upload).

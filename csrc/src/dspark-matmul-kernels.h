@@ -1,0 +1,29 @@
+// Single-column dot products that compute a weight row the way ggml's multi-column CPU kernel does,
+// so that a decode step (one column) gets the bits a verify or prefill (many columns) gets, at the
+// speed of a single-column kernel. See dspark-matmul.h for where they are used; every one of them
+// is checked against ggml at run time before it is used (a build or CPU where it does not match
+// falls back to computing every batch one column at a time).
+//
+// float weights (f32, f16, bf16): llamafile's sgemm computes each output as one vector of partial
+//   sums, fused multiply-adds over the row in steps of the vector width, reduced at the end. The
+//   kernel here does the same per row, several rows at once for the pipelines; the column is
+//   converted once (to f32 from the f16 ggml rounds it to, or to bf16), not once per row.
+#pragma once
+
+#include "ggml.h"
+
+#include <cstddef>
+#include <cstdint>
+
+// Is there a kernel for weights of this type and row length in this build?
+bool dspark_own_dot_available(ggml_type type, int64_t K);
+
+// Bytes of one column prepared for dspark_own_dot_rows (K values).
+size_t dspark_own_dot_prepared_size(ggml_type type, int64_t K);
+
+// Convert one column x [K] F32 as the multi-column kernel sees it.
+void dspark_own_dot_prepare(ggml_type type, const float * x, int64_t K, void * prepared);
+
+// y[r] = row r of w · the prepared column, for n_rows rows at `rows` (row_stride bytes apart).
+void dspark_own_dot_rows(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
+                         const void * prepared, float * y);

@@ -1,0 +1,55 @@
+// Batch-invariant weight matmuls on the CPU: a token's row of W·x must come out bit for bit the
+// same whether its batch holds one row (a decode step) or many (a verify block, a prefill, other
+// sequences), or greedy speculation stops being lossless.
+//
+// ggml's CPU backend does not promise that. It picks its kernel by the number of columns: one
+// column runs the type's single-row dot product (vec_dot, or the repacked layout's gemv); two or
+// more run llamafile's tiled sgemm (f32, f16, bf16, q8_0, q4_0, q5_0, iq4_nl on x86); eight or
+// more run the tiled K-quant kernel (q2_K..q6_K, iq4_xs, iq1-iq3); the repacked layouts run a gemm
+// on groups of four columns and the gemv on the rest. Each kernel is exact about its integer
+// products but adds the float partial sums in its own order, so results differ in the last bits,
+// which is enough to flip a greedy token now and then (within a hundred tokens on a K-quant model).
+//
+// Rather than keep a table of which (type, CPU) pairs agree, each weight's plan is found by running
+// ggml itself: a probe multiplies a small random matrix of the weight's type and shape by 1..17 and
+// a few larger numbers of columns and compares every column with the same column computed alone.
+//   ggml   every column count gave the single-column bits: ggml's matmul as it is (q8_0, q4_0,
+//          q5_0, q4_1, q5_1; the repacked q4_0 and iq4_nl layouts on x86).
+//   own    ggml's multi-column kernel agrees with itself from some column count on, and one of our
+//          single-column kernels (dspark-matmul-kernels.h) reproduces it: batches below that count
+//          run ours, column by column, and larger ones run ggml's (f32, f16, bf16 on x86: llamafile
+//          from two columns, ours for a decode step).
+//   rows   otherwise: every batch runs the type's own single-row kernel (ggml's vec_dot) for each
+//          column, so a row is computed as a decode computes it (K-quants, iq4_xs, plain iq4_nl).
+// A repacked layout is used only where the plan is ggml (its gemm and gemv agree): q4_K and q2_K
+// stay in the plain layout on x86 and take its plan.
+#pragma once
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+enum class dspark_mm_route { ggml, own, rows };
+
+struct dspark_mm_plan {
+    dspark_mm_route route = dspark_mm_route::ggml;
+    int64_t         own_below = 0;  // own: batches of fewer columns than this run our kernel
+};
+
+// The plan for a matmul by a weight of `type`, `n_rows` rows of `n_per_row` values, held in a buffer
+// of type `buft` (a CPU one: plain or repacked). Probed once per (buft, type, row length, row count
+// mod 16) and cached; the same inputs always give the same plan.
+dspark_mm_plan dspark_matmul_plan(ggml_backend_buffer_type_t buft, ggml_type type, int64_t n_per_row, int64_t n_rows);
+
+// The plan for a matmul by weight w as placed; ggml for weights that are not on the CPU.
+dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w);
+
+// w · x for w [K, M] in a plain CPU buffer and x [K, N] F32 (rows contiguous) by the plan's own
+// or rows route → [M, N] F32.
+ggml_tensor * dspark_matmul_node(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, dspark_mm_route route);
+
+// ggml_mul_mat_id by the rows route: as [K, M, X] experts, b [K, B, T] F32, ids I32 [U, T] → [M, U, T],
+// column (u, t) = as[:, :, ids[u, t]] · b[:, u % B, t].
+ggml_tensor * dspark_matmul_id_rows(ggml_context * ctx, ggml_tensor * as, ggml_tensor * b, ggml_tensor * ids);
+
+// The name of a route, for logs and tests.
+const char * dspark_mm_route_name(dspark_mm_route route);

