@@ -38,7 +38,8 @@ int64_t dspark_quantize_rows(const char * type, const float * src, void * dst, i
     // ggml_quantize_chunk asserts on other types; these need no importance matrix
     static const ggml_type ok[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
                                    GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
-                                   GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL};
+                                   GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL,
+                                   GGML_TYPE_IQ4_XS};
     if (std::find(std::begin(ok), std::end(ok), t) == std::end(ok) || ggml_quantize_requires_imatrix(t)) {
         dspark_throw(DSPARK_STATUS_UNSUPPORTED, "quantizing to %s is not supported here", type);
     }
