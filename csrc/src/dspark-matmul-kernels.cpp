@@ -2,7 +2,10 @@
 
 #include "ggml-cpu.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #    include <immintrin.h>
@@ -99,9 +102,392 @@ void bf16_pair_rows(const char * rows, size_t row_stride, int64_t K, int64_t n_r
 
 #endif  // DSPARK_FLOAT_KERNELS
 
+
+// ---------------------------------------------------------------------------------------------
+// K-quants (q2_K .. q6_K, iq4_xs): ggml's tiled kernel (eight columns and more) computes, for each
+// weight row, column and 256-value block, two exact integers - s1, the block's dot product with
+// each sub-block scaled, and s2, the sub-block minimums times the column's sub-block sums - and
+// then, in floats,
+//     r = s1·d - dmin·s2 (the product fused into the subtraction),   acc += r · d_column,
+// block after block from acc = 0. Any way of getting the integers right gives the same bits, so
+// the kernel here gets them its own way, for one column at a time, and repeats the float steps.
+
+struct q8k_block {  // ggml's q8_K: how a column meets K-quant weights
+    float   d;
+    int8_t  qs[256];
+    int16_t bsums[16];
+};
+struct q2k_block { uint8_t scales[16]; uint8_t qs[64]; ggml_fp16_t d, dmin; };
+struct q3k_block { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; ggml_fp16_t d; };
+struct q4k_block { ggml_fp16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; };
+struct q5k_block { ggml_fp16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; };
+struct q6k_block { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; ggml_fp16_t d; };
+struct iq4xs_block { ggml_fp16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; };
+static_assert(sizeof(q8k_block) == 292 && sizeof(q2k_block) == 84 && sizeof(q3k_block) == 110 &&
+              sizeof(q4k_block) == 144 && sizeof(q5k_block) == 176 && sizeof(q6k_block) == 210 &&
+              sizeof(iq4xs_block) == 136, "K-quant block layouts");
+
+const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// The 6-bit scales and mins of q4_K and q5_K, sub-block j of 8.
+void scale_min_k4(int j, const uint8_t * q, int32_t & sc, int32_t & m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m  = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m  = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__)
+#    define DSPARK_KQUANT_SIMD 1
+
+// The same integers with AVX-512, four weight rows at a time. A block's 256 values are taken as
+// four vectors of 64 unsigned codes (value + the type's bias, or |value| with the column's sign
+// flipped), in an order that is cheap to unpack; the column is permuted to the same order once.
+// Sub-block scales multiply pairs of products (maddubs, then madd with per-lane scales); the bias
+// comes back out through the column's sums of 16.
+
+struct kq_block_vectors {
+    __m512i code[4];    // unsigned codes, in the type's order
+    __mmask64 flip[4];  // SIGNED: lanes whose value is negative
+    __m512i scale[4];   // int16 per pair of codes: the sub-block scale of that pair
+    __m256i scale16;    // int16 [16]: the scale of each run of 16 values in natural order
+    __m256i min16;      // int16 [16]: the min of each run of 16 (HAS_MIN)
+    float   d = 0.0f, dmin = 0.0f;
+};
+
+// A prepared column block: the column's q8_K block with its values in the weight type's order.
+struct kq_column_block {
+    int8_t  qs[256];
+    int16_t bsums[16];
+    float   d;
+};
+
+inline __m512i nibbles_lo(__m512i x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0F)); }
+inline __m512i nibbles_hi(__m512i x) { return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0F)); }
+inline __m512i twice(const uint8_t * p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) p)); }
+const __mmask64 UPPER_HALF = 0xFFFFFFFF00000000ull;
+
+// int16 lanes taking scales[idx[lane]] from 16 int16 scales
+inline __m512i spread(__m256i scales16, const int16_t * idx) {
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(idx), _mm512_castsi256_si512(scales16));
+}
+// index tables: which sub-block (of 16 values) each int16 lane of vector v belongs to
+alignas(64) const int16_t SPREAD_NATURAL16[4][32] = {  // 64 values per vector in natural order, sub-blocks of 16
+    {0,0,0,0,0,0,0,0, 1,1,1,1,1,1,1,1, 2,2,2,2,2,2,2,2, 3,3,3,3,3,3,3,3},
+    {4,4,4,4,4,4,4,4, 5,5,5,5,5,5,5,5, 6,6,6,6,6,6,6,6, 7,7,7,7,7,7,7,7},
+    {8,8,8,8,8,8,8,8, 9,9,9,9,9,9,9,9, 10,10,10,10,10,10,10,10, 11,11,11,11,11,11,11,11},
+    {12,12,12,12,12,12,12,12, 13,13,13,13,13,13,13,13, 14,14,14,14,14,14,14,14, 15,15,15,15,15,15,15,15}};
+
+// scales of 8 sub-blocks of 32 as 16 int16 runs of 16 (run k has scale k/2)
+inline __m256i per16_of_8(const uint8_t * s8) {
+    const __m128i s = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) s8));
+    return _mm256_permutexvar_epi16(_mm256_setr_epi16(0,0,1,1,2,2,3,3,4,4,5,5,6,6,7,7), _mm256_castsi128_si256(s));
+}
+inline __m256i per16_of_8_signed(const int16_t * s16) {
+    const __m128i s = _mm_loadu_si128((const __m128i *) s16);
+    return _mm256_permutexvar_epi16(_mm256_setr_epi16(0,0,1,1,2,2,3,3,4,4,5,5,6,6,7,7), _mm256_castsi128_si256(s));
+}
+
+// ---- q4_K: vector 2j holds the low nibbles of qs[64j..64j+63] (values 128j + 0..31, 64..95),
+// vector 2j+1 the high ones (128j + 32..63, 96..127); sub-blocks of 32.
+struct q4k_simd {
+    using block = q4k_block;
+    static constexpr int BIAS = 0;
+    static constexpr bool HAS_MIN = true, SIGNED = false;
+    static int order(int i) {  // position i of the permuted column → natural index
+        const int v = i >> 6, half = (i >> 5) & 1, l = i & 31;
+        return 128 * (v >> 1) + 32 * (v & 1) + 64 * half + l;
+    }
+    static void load(const block & x, kq_block_vectors & b) {
+        const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
+        b.code[0] = nibbles_lo(q0); b.code[1] = nibbles_hi(q0);
+        b.code[2] = nibbles_lo(q1); b.code[3] = nibbles_hi(q1);
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; ++j) {
+            int32_t a, m;
+            scale_min_k4(j, x.scales, a, m);
+            sc[j] = (uint8_t) a; mn[j] = (uint8_t) m;
+        }
+        b.scale16 = per16_of_8(sc);
+        b.min16 = per16_of_8(mn);
+        alignas(64) static const int16_t idx[4][32] = {  // vector v: sub-blocks (v/2)*4 + (v%2) and + 2
+            {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0, 4,4,4,4,4,4,4,4,4,4,4,4,4,4,4,4},
+            {2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2, 6,6,6,6,6,6,6,6,6,6,6,6,6,6,6,6},
+            {8,8,8,8,8,8,8,8,8,8,8,8,8,8,8,8, 12,12,12,12,12,12,12,12,12,12,12,12,12,12,12,12},
+            {10,10,10,10,10,10,10,10,10,10,10,10,10,10,10,10, 14,14,14,14,14,14,14,14,14,14,14,14,14,14,14,14}};
+        for (int v = 0; v < 4; ++v) {
+            b.scale[v] = spread(b.scale16, idx[v]);
+        }
+        b.d = ggml_fp16_to_fp32(x.d); b.dmin = ggml_fp16_to_fp32(x.dmin);
+    }
+};
+
+// ---- q5_K: q4_K's order, plus the fifth bit from qh (bit 2j of qh[l] for values 64j + l, bit
+// 2j+1 for 64j + 32 + l).
+struct q5k_simd {
+    using block = q5k_block;
+    static constexpr int BIAS = 0;
+    static constexpr bool HAS_MIN = true, SIGNED = false;
+    static int order(int i) { return q4k_simd::order(i); }
+    static void load(const block & x, kq_block_vectors & b) {
+        const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
+        b.code[0] = nibbles_lo(q0); b.code[1] = nibbles_hi(q0);
+        b.code[2] = nibbles_lo(q1); b.code[3] = nibbles_hi(q1);
+        const __m512i h = twice(x.qh);
+        static const int bit_lo[4] = {0, 1, 4, 5}, bit_hi[4] = {2, 3, 6, 7};
+        for (int v = 0; v < 4; ++v) {
+            const __m512i sel = _mm512_mask_blend_epi8(UPPER_HALF, _mm512_set1_epi8((char) (1 << bit_lo[v])),
+                                                       _mm512_set1_epi8((char) (1 << bit_hi[v])));
+            const __mmask64 top = _mm512_test_epi8_mask(h, sel);
+            b.code[v] = _mm512_mask_add_epi8(b.code[v], top, b.code[v], _mm512_set1_epi8(16));
+        }
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; ++j) {
+            int32_t a, m;
+            scale_min_k4(j, x.scales, a, m);
+            sc[j] = (uint8_t) a; mn[j] = (uint8_t) m;
+        }
+        b.scale16 = per16_of_8(sc);
+        b.min16 = per16_of_8(mn);
+        alignas(64) static const int16_t idx[4][32] = {
+            {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0, 4,4,4,4,4,4,4,4,4,4,4,4,4,4,4,4},
+            {2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2, 6,6,6,6,6,6,6,6,6,6,6,6,6,6,6,6},
+            {8,8,8,8,8,8,8,8,8,8,8,8,8,8,8,8, 12,12,12,12,12,12,12,12,12,12,12,12,12,12,12,12},
+            {10,10,10,10,10,10,10,10,10,10,10,10,10,10,10,10, 14,14,14,14,14,14,14,14,14,14,14,14,14,14,14,14}};
+        for (int v = 0; v < 4; ++v) {
+            b.scale[v] = spread(b.scale16, idx[v]);
+        }
+        b.d = ggml_fp16_to_fp32(x.d); b.dmin = ggml_fp16_to_fp32(x.dmin);
+    }
+};
+
+// ---- q6_K: natural order; code = 4 bits of ql | 2 bits of qh, value = code - 32; sub-blocks of 16.
+struct q6k_simd {
+    using block = q6k_block;
+    static constexpr int BIAS = 32;
+    static constexpr bool HAS_MIN = false, SIGNED = false;
+    static int order(int i) { return i; }
+    static void load(const block & x, kq_block_vectors & b) {
+        for (int h = 0; h < 2; ++h) {
+            const __m512i l = _mm512_loadu_si512(x.ql + 64 * h);
+            const __m512i q = twice(x.qh + 32 * h);
+            // low nibbles: values 128h + 0..63 (top bits 0-1 for the first 32, 2-3 for the next)
+            const __m512i top_lo = _mm512_mask_blend_epi8(UPPER_HALF, q, _mm512_srli_epi16(q, 2));
+            const __m512i top_hi = _mm512_mask_blend_epi8(UPPER_HALF, _mm512_srli_epi16(q, 4), _mm512_srli_epi16(q, 6));
+            const __m512i three = _mm512_set1_epi8(3);
+            b.code[2 * h]     = _mm512_or_si512(nibbles_lo(l), _mm512_slli_epi16(_mm512_and_si512(top_lo, three), 4));
+            b.code[2 * h + 1] = _mm512_or_si512(nibbles_hi(l), _mm512_slli_epi16(_mm512_and_si512(top_hi, three), 4));
+        }
+        b.scale16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) x.scales));
+        for (int v = 0; v < 4; ++v) {
+            b.scale[v] = spread(b.scale16, SPREAD_NATURAL16[v]);
+        }
+        b.d = ggml_fp16_to_fp32(x.d);
+    }
+};
+
+// ---- q3_K: natural order; code = 2 bits of qs | the hmask bit << 2, value = code - 4; sub-blocks of 16.
+struct q3k_simd {
+    using block = q3k_block;
+    static constexpr int BIAS = 4;
+    static constexpr bool HAS_MIN = false, SIGNED = false;
+    static int order(int i) { return i; }
+    static void load(const block & x, kq_block_vectors & b) {
+        const __m512i hm = twice(x.hmask);
+        for (int v = 0; v < 4; ++v) {
+            const int h = v >> 1, g = 2 * (v & 1);  // values 128h + 32g + 0..63: groups g and g + 1
+            const __m512i q = twice(x.qs + 32 * h);
+            const __m512i low = _mm512_and_si512(
+                _mm512_mask_blend_epi8(UPPER_HALF, _mm512_srli_epi16(q, 2 * g), _mm512_srli_epi16(q, 2 * g + 2)),
+                _mm512_set1_epi8(3));
+            const __m512i sel = _mm512_mask_blend_epi8(UPPER_HALF, _mm512_set1_epi8((char) (1 << (4 * h + g))),
+                                                       _mm512_set1_epi8((char) (1 << (4 * h + g + 1))));
+            b.code[v] = _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(hm, sel), low, _mm512_set1_epi8(4));
+        }
+        uint32_t a[4];
+        memcpy(a, x.scales, 12);
+        const uint32_t m1 = 0x03030303, m2 = 0x0f0f0f0f, t = a[2];
+        a[2] = ((a[0] >> 4) & m2) | (((t >> 4) & m1) << 4);
+        a[3] = ((a[1] >> 4) & m2) | (((t >> 6) & m1) << 4);
+        a[0] = (a[0] & m2) | (((t >> 0) & m1) << 4);
+        a[1] = (a[1] & m2) | (((t >> 2) & m1) << 4);
+        b.scale16 = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) a)), _mm256_set1_epi16(32));
+        for (int v = 0; v < 4; ++v) {
+            b.scale[v] = spread(b.scale16, SPREAD_NATURAL16[v]);
+        }
+        b.d = ggml_fp16_to_fp32(x.d);
+    }
+};
+
+// ---- q2_K: natural order; code = 2 bits of qs; 4-bit scale and min per sub-block of 16.
+struct q2k_simd {
+    using block = q2k_block;
+    static constexpr int BIAS = 0;
+    static constexpr bool HAS_MIN = true, SIGNED = false;
+    static int order(int i) { return i; }
+    static void load(const block & x, kq_block_vectors & b) {
+        for (int v = 0; v < 4; ++v) {
+            const int h = v >> 1, j = 2 * (v & 1);
+            const __m512i q = twice(x.qs + 32 * h);
+            b.code[v] = _mm512_and_si512(
+                _mm512_mask_blend_epi8(UPPER_HALF, _mm512_srli_epi16(q, 2 * j), _mm512_srli_epi16(q, 2 * j + 2)),
+                _mm512_set1_epi8(3));
+        }
+        const __m256i s = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *) x.scales));
+        b.scale16 = _mm256_and_si256(s, _mm256_set1_epi16(0xF));
+        b.min16 = _mm256_srli_epi16(s, 4);
+        for (int v = 0; v < 4; ++v) {
+            b.scale[v] = spread(b.scale16, SPREAD_NATURAL16[v]);
+        }
+        b.d = ggml_fp16_to_fp32(x.d); b.dmin = ggml_fp16_to_fp32(x.dmin);
+    }
+};
+
+// ---- iq4_xs: vector k holds the low nibbles of qs[32k..32k+31] then the high ones: values
+// 64k + {0..15, 32..47} then 64k + {16..31, 48..63}; signed values from the table; sub-blocks of 32.
+struct iq4xs_simd {
+    using block = iq4xs_block;
+    static constexpr int BIAS = 0;
+    static constexpr bool HAS_MIN = false, SIGNED = true;
+    static int order(int i) {
+        const int k = i >> 6, hi = (i >> 5) & 1, r = i & 31;  // r: byte of qs[32k..]: 0..15 sub 2k, 16..31 sub 2k+1
+        return 64 * k + 32 * (r >> 4) + 16 * hi + (r & 15);
+    }
+    static void load(const block & x, kq_block_vectors & b) {
+        const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *) IQ4_VALUES));
+        for (int k = 0; k < 4; ++k) {
+            const __m512i q = twice(x.qs + 32 * k);
+            const __m512i nib = _mm512_mask_blend_epi8(UPPER_HALF, nibbles_lo(q), nibbles_hi(q));
+            const __m512i v = _mm512_shuffle_epi8(lut, nib);
+            b.flip[k] = _mm512_movepi8_mask(v);
+            b.code[k] = _mm512_abs_epi8(v);
+        }
+        int16_t sc[8];
+        for (int s = 0; s < 8; ++s) {
+            sc[s] = (int16_t) ((((x.scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | (((x.scales_h >> (2 * s)) & 3) << 4)) - 32);
+        }
+        b.scale16 = per16_of_8_signed(sc);
+        alignas(64) static const int16_t idx[4][32] = {  // run of 16 values → sub-block*2 in scale16
+            {0,0,0,0,0,0,0,0, 2,2,2,2,2,2,2,2, 0,0,0,0,0,0,0,0, 2,2,2,2,2,2,2,2},
+            {4,4,4,4,4,4,4,4, 6,6,6,6,6,6,6,6, 4,4,4,4,4,4,4,4, 6,6,6,6,6,6,6,6},
+            {8,8,8,8,8,8,8,8, 10,10,10,10,10,10,10,10, 8,8,8,8,8,8,8,8, 10,10,10,10,10,10,10,10},
+            {12,12,12,12,12,12,12,12, 14,14,14,14,14,14,14,14, 12,12,12,12,12,12,12,12, 14,14,14,14,14,14,14,14}};
+        for (int v = 0; v < 4; ++v) {
+            b.scale[v] = spread(b.scale16, idx[v]);
+        }
+        b.d = ggml_fp16_to_fp32(x.d);
+    }
+};
+
+// The column's blocks in the type's order.
+template <typename T>
+void kq_prepare(const q8k_block * natural, int64_t nb, kq_column_block * out) {
+    for (int64_t i = 0; i < nb; ++i) {
+        for (int p = 0; p < 256; ++p) {
+            out[i].qs[p] = natural[i].qs[T::order(p)];
+        }
+        memcpy(out[i].bsums, natural[i].bsums, sizeof(out[i].bsums));
+        out[i].d = natural[i].d;
+    }
+}
+
+// The 16 int32 partial sums of s1 for one row's block (their total is s1), and s2's 8.
+template <typename T>
+inline void kq_block_sums(const kq_block_vectors & b, const __m512i * col, __m256i bsums, __m512i & s1, __m256i & s2) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int v = 0; v < 4; ++v) {
+        __m512i a = col[v];
+        if constexpr (T::SIGNED) {
+            a = _mm512_mask_sub_epi8(a, b.flip[v], _mm512_setzero_si512(), a);
+        }
+        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(b.scale[v], _mm512_maddubs_epi16(b.code[v], a)));
+    }
+    if constexpr (T::BIAS != 0) {  // Σ scale·(code - BIAS)·a = Σ scale·code·a - BIAS·Σ scale·(sum of a)
+        const __m256i bias = _mm256_mullo_epi32(_mm256_madd_epi16(b.scale16, bsums), _mm256_set1_epi32(T::BIAS));
+        acc = _mm512_sub_epi32(acc, _mm512_zextsi256_si512(bias));
+    }
+    s1 = acc;
+    if constexpr (T::HAS_MIN) {
+        s2 = _mm256_madd_epi16(b.min16, bsums);
+    }
+}
+
+// [Σ a, Σ b, Σ c, Σ d] of four vectors of 16 int32.
+inline __m128i hsum4(__m512i a, __m512i b, __m512i c, __m512i d) {
+    const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+    const __m512i abcd = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(abcd), _mm512_extracti64x4_epi64(abcd, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+inline __m128i hsum4(__m256i a, __m256i b, __m256i c, __m256i d) {
+    return hsum4(_mm512_zextsi256_si512(a), _mm512_zextsi256_si512(b), _mm512_zextsi256_si512(c), _mm512_zextsi256_si512(d));
+}
+
+template <typename T>
+void kquant_rows_simd(const char * rows, size_t row_stride, int64_t K, int64_t n_rows, const kq_column_block * x, float * y) {
+    using B = typename T::block;
+    const int64_t nb = K / 256;
+    int64_t r = 0;
+    for (; r < n_rows; r += 4) {
+        const int n = (int) std::min<int64_t>(4, n_rows - r);
+        const B * w[4];
+        for (int i = 0; i < 4; ++i) {
+            w[i] = (const B *) (rows + (r + std::min(i, n - 1)) * row_stride);  // short tail: repeat the last row
+        }
+        __m128 acc = _mm_setzero_ps();
+        for (int64_t blk = 0; blk < nb; ++blk) {
+            const kq_column_block & c = x[blk];
+            const __m512i col[4] = {_mm512_loadu_si512(c.qs), _mm512_loadu_si512(c.qs + 64),
+                                    _mm512_loadu_si512(c.qs + 128), _mm512_loadu_si512(c.qs + 192)};
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *) c.bsums);
+            __m512i s1[4];
+            __m256i s2[4] = {};
+            alignas(16) float d[4], dmin[4];
+            for (int i = 0; i < 4; ++i) {
+                kq_block_vectors b;
+                T::load(w[i][blk], b);
+                kq_block_sums<T>(b, col, bsums, s1[i], s2[i]);
+                d[i] = b.d;
+                dmin[i] = b.dmin;
+            }
+            // r = s1·d - dmin·s2 (fused), acc += r·d_column (fused): the tiled kernel's steps, per row
+            __m128 rv = _mm_mul_ps(_mm_cvtepi32_ps(hsum4(s1[0], s1[1], s1[2], s1[3])), _mm_load_ps(d));
+            if constexpr (T::HAS_MIN) {
+                rv = _mm_fnmadd_ps(_mm_load_ps(dmin), _mm_cvtepi32_ps(hsum4(s2[0], s2[1], s2[2], s2[3])), rv);
+            }
+            acc = _mm_fmadd_ps(rv, _mm_set1_ps(c.d), acc);
+        }
+        alignas(16) float out[4];
+        _mm_store_ps(out, acc);
+        for (int i = 0; i < n; ++i) {
+            y[r + i] = out[i];
+        }
+    }
+}
+
+#endif  // AVX-512 VNNI
+
+bool is_kquant(ggml_type t) {
+    return t == GGML_TYPE_Q2_K || t == GGML_TYPE_Q3_K || t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K ||
+           t == GGML_TYPE_Q6_K || t == GGML_TYPE_IQ4_XS;
+}
+
 }  // namespace
 
 bool dspark_own_dot_available(ggml_type type, int64_t K) {
+    if (is_kquant(type)) {
+#ifdef DSPARK_KQUANT_SIMD
+        return K % 256 == 0;
+#else
+        return false;
+#endif
+    }
 #ifdef DSPARK_FLOAT_KERNELS
 #    if defined(__AVX512BF16__)
     const int64_t step = type == GGML_TYPE_BF16 ? 32 : WIDTH;
@@ -116,16 +502,36 @@ bool dspark_own_dot_available(ggml_type type, int64_t K) {
 }
 
 size_t dspark_own_dot_prepared_size(ggml_type type, int64_t K) {
+    if (is_kquant(type)) {
+        return sizeof(q8k_block) * (size_t) (K / 256);  // q8_K blocks, values in the weight type's order
+    }
 #if defined(__AVX512BF16__)
     if (type == GGML_TYPE_BF16) {
         return sizeof(ggml_bf16_t) * (size_t) K;
     }
 #endif
-    (void) type;
     return sizeof(float) * (size_t) K;
 }
 
 void dspark_own_dot_prepare(ggml_type type, const float * x, int64_t K, void * prepared) {
+#ifdef DSPARK_KQUANT_SIMD
+    if (is_kquant(type)) {
+        static thread_local std::vector<q8k_block> natural;
+        const int64_t nb = K / 256;
+        natural.resize((size_t) nb);
+        ggml_get_type_traits_cpu(GGML_TYPE_Q8_K)->from_float(x, natural.data(), K);  // as ggml converts it
+        kq_column_block * out = (kq_column_block *) prepared;
+        switch (type) {
+            case GGML_TYPE_Q2_K:   kq_prepare<q2k_simd>(natural.data(), nb, out); break;
+            case GGML_TYPE_Q3_K:   kq_prepare<q3k_simd>(natural.data(), nb, out); break;
+            case GGML_TYPE_Q4_K:   kq_prepare<q4k_simd>(natural.data(), nb, out); break;
+            case GGML_TYPE_Q5_K:   kq_prepare<q5k_simd>(natural.data(), nb, out); break;
+            case GGML_TYPE_Q6_K:   kq_prepare<q6k_simd>(natural.data(), nb, out); break;
+            default:               kq_prepare<iq4xs_simd>(natural.data(), nb, out); break;
+        }
+        return;
+    }
+#endif
     switch (type) {
         case GGML_TYPE_F16: {
             // ggml multiplies f16 weights by the column rounded to f16
@@ -143,7 +549,7 @@ void dspark_own_dot_prepare(ggml_type type, const float * x, int64_t K, void * p
             float * out = (float *) prepared;
             ggml_get_type_traits_cpu(GGML_TYPE_BF16)->from_float(x, prepared, K);  // in place: bf16 first
             const ggml_bf16_t * b = (const ggml_bf16_t *) prepared;
-            for (int64_t i = K - 1; i >= 0; --i) {  // widen from the end: out[i] overlaps b[i..2i+1]
+            for (int64_t i = K - 1; i >= 0; --i) {  // widen from the end: out[i] overlaps b[2i], b[2i+1]
                 out[i] = ggml_bf16_to_fp32(b[i]);
             }
 #endif
@@ -157,6 +563,18 @@ void dspark_own_dot_prepare(ggml_type type, const float * x, int64_t K, void * p
 
 void dspark_own_dot_rows(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
                          const void * prepared, float * y) {
+#ifdef DSPARK_KQUANT_SIMD
+    const kq_column_block * col = (const kq_column_block *) prepared;
+    switch (type) {
+        case GGML_TYPE_Q2_K:   kquant_rows_simd<q2k_simd>(rows, row_stride, K, n_rows, col, y); return;
+        case GGML_TYPE_Q3_K:   kquant_rows_simd<q3k_simd>(rows, row_stride, K, n_rows, col, y); return;
+        case GGML_TYPE_Q4_K:   kquant_rows_simd<q4k_simd>(rows, row_stride, K, n_rows, col, y); return;
+        case GGML_TYPE_Q5_K:   kquant_rows_simd<q5k_simd>(rows, row_stride, K, n_rows, col, y); return;
+        case GGML_TYPE_Q6_K:   kquant_rows_simd<q6k_simd>(rows, row_stride, K, n_rows, col, y); return;
+        case GGML_TYPE_IQ4_XS: kquant_rows_simd<iq4xs_simd>(rows, row_stride, K, n_rows, col, y); return;
+        default: break;
+    }
+#endif
 #ifdef DSPARK_FLOAT_KERNELS
     switch (type) {
         case GGML_TYPE_F32:
@@ -176,5 +594,4 @@ void dspark_own_dot_rows(ggml_type type, const char * rows, size_t row_stride, i
             break;
     }
 #endif
-    (void) type; (void) rows; (void) row_stride; (void) K; (void) n_rows; (void) prepared; (void) y;
 }
