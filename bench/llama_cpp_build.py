@@ -4,7 +4,11 @@
 
 The tree is the same `llama-cpp-python==0.3.36` sdist our ggml comes from (third_party/
 llama_cpp_sdist.py: cached, sha256-checked), configured like our default build (GGML_NATIVE=ON,
-llamafile on, no CURL), built into <cache>/llama.cpp-build. Prints the bin directory; a second run
+llamafile on, no CURL), built into <cache>/llama.cpp-build. On x86 the AMX instructions are left out
+(-mno-amx-*): a native build on a CPU that reports AMX puts quantized weights in ggml's AMX buffer,
+which our runtime never uses, and on virtual machines whose hypervisor does not pass AMX through
+every quantized run then dies (SIGILL/SIGSEGV) unless --no-repack also turns off the repacking
+that our runtime does use. Prints the bin directory; a second run
 only rebuilds what changed. The benchmarks call `bin_dir()` to find the programs.
 """
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_TARGETS = ["llama-bench", "llama-completion", "llama-speculative-simple", "llama-server"]
+DEFAULT_TARGETS = ["llama-bench", "llama-completion", "llama-speculative-simple", "llama-server", "llama-quantize",
+                   "llama-perplexity"]
 
 
 def _sdist():
@@ -47,9 +53,11 @@ def build(targets: list[str], jobs: int) -> Path:
     tree = sdist.extract("", src)  # the whole vendor/llama.cpp tree
     out = build_dir()
     if not (out / "CMakeCache.txt").exists():
+        no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" if platform.machine() in ("x86_64", "AMD64") else ""
         subprocess.run(["cmake", "-S", str(tree), "-B", str(out), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                         "-DGGML_NATIVE=ON", "-DGGML_LLAMAFILE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-                        "-DLLAMA_BUILD_TESTS=OFF", f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={out / 'bin'}"],
+                        "-DLLAMA_BUILD_TESTS=OFF", f"-DCMAKE_RUNTIME_OUTPUT_DIRECTORY={out / 'bin'}",
+                        f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"],
                        check=True)
     subprocess.run(["cmake", "--build", str(out), "-j", str(jobs), "--target", *targets], check=True)
     return out / "bin"

@@ -12,18 +12,15 @@ batched).
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import dspark_ggml
 from dspark_ggml.context import Context
 from dspark_ggml.llm import LLM
 from dspark_ggml.model import Model
-from dspark_ggml.models import cache_dir, smollm2_path
-from dspark_ggml.quantize import quantize_gguf
+from dspark_ggml.models import requantized as requantized_model, smollm2_path
 from dspark_ggml.tokenizer import Tokenizer
 from tests.gguf_edit import rewrite_gguf
 from tests.tiny_models import DraftConfig, TargetConfig, write_draft
@@ -49,19 +46,8 @@ def smollm2() -> Path:
 
 @pytest.fixture(scope="session")
 def requantized(smollm2: Path):
-    """requantized(type) -> the model in that type, made by our quantize once per quantizer version
-    (cached next to the model, keyed by the quantizer's source)."""
-    key = hashlib.sha256(Path(dspark_ggml.quantize.__file__).read_bytes()).hexdigest()[:12]
-    folder = cache_dir() / "models" / "derived"
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def get(type_name: str) -> Path:
-        out = folder / f"SmolLM2-135M-Instruct.{type_name}.{key}.gguf"
-        if not out.exists():
-            quantize_gguf(smollm2, out, type_name, allow_requantize=True, pure=type_name != "Q4_K_M", progress=False)
-        return out
-
-    return get
+    """requantized(type) -> the model in that type, made by our quantize (cached: dspark_ggml.models)."""
+    return lambda type_name: requantized_model(smollm2, type_name)
 
 
 def _rows_alone_and_batched(model: Model, prompt: list[int], tokens: list[int], other: list[int]):
@@ -158,7 +144,7 @@ def test_greedy_speculation_is_lossless_alone_and_batched(requantized, tmp_path:
 def test_tokenizer_and_chat_template_match_references(smollm2: Path):
     """Our tokenizer against transformers' reading of the same GGUF; the chat template against a
     plain jinja2 rendering of the template stored in it."""
-    jinja2 = pytest.importorskip("jinja2")
+    import jinja2
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(smollm2.parent), gguf_file=smollm2.name)
@@ -174,3 +160,26 @@ def test_tokenizer_and_chat_template_match_references(smollm2: Path):
     want = jinja2.Environment().from_string(template).render(messages=messages, add_generation_prompt=True)
     assert ours.apply_chat_template(messages, add_generation_prompt=True) == want
     assert want.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+
+
+GPL3 = Path("/usr/share/common-licenses/GPL-3")  # Debian's base-files; the text llama.cpp's figures use
+# llama-perplexity on the first 2 chunks of GPL-3 at -c 512, 2 threads: the base from the F16 file with
+# an f32 KV cache, then the shipped Q4_1 file against it (llama.cpp built from the pinned sdist).
+LLAMA_CPP_2_CHUNKS = {"ppl_base": 17.6873, "ppl_q4_1": 17.893767, "kld_q4_1": 0.003124, "same_top_q4_1": 0.96667}
+
+
+def test_perplexity_and_kld_match_llama_cpps_figures(smollm2: Path, requantized, tmp_path: Path):
+    from dspark_ggml.perplexity import kl_divergence, perplexity
+
+    assert GPL3.is_file(), f"{GPL3} (Debian's base-files) is the reference text of llama.cpp's figures"
+    text = GPL3.read_text(encoding="utf-8")
+    base = tmp_path / "f16.kld"
+    ref = perplexity(str(requantized("f16")), text, n_ctx=512, n_chunks=2, type_kv="f32", n_threads=2,
+                     kl_divergence_base=base)
+    # F16 weights with an f32 cache: the same numbers up to float rounding
+    assert ref.ppl == pytest.approx(LLAMA_CPP_2_CHUNKS["ppl_base"], rel=2e-4)
+    q = kl_divergence(str(smollm2), base, text, n_threads=2)
+    # Q4_1 with the default f16 cache: the attention's rounding moves these by a few percent
+    assert q.ppl == pytest.approx(LLAMA_CPP_2_CHUNKS["ppl_q4_1"], rel=0.01)
+    assert q.kld_mean == pytest.approx(LLAMA_CPP_2_CHUNKS["kld_q4_1"], rel=0.1)
+    assert abs(q.same_top_p - LLAMA_CPP_2_CHUNKS["same_top_q4_1"]) < 0.02

