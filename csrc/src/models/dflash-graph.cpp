@@ -174,11 +174,11 @@ static ggml_tensor * markov_input(const dspark_graph & g, const dflash_model & m
     ggml_context * ctx = g.ctx;
     const int64_t R = m.hp.markov_rank;
     if (m.hp.markov == markov_head::gated) {
-        ggml_tensor * gate = ggml_sigmoid(ctx, ggml_add(ctx, ggml_mul_mat(ctx, m.markov_gate, ggml_concat(ctx, h, e, 0)), m.markov_gate_b));
+        ggml_tensor * gate = ggml_sigmoid(ctx, ggml_add(ctx, g.mm(m.markov_gate, ggml_concat(ctx, h, e, 0)), m.markov_gate_b));
         return ggml_mul(ctx, gate, e);
     }
     if (m.hp.markov == markov_head::rnn) {
-        ggml_tensor * z = ggml_add(ctx, ggml_mul_mat(ctx, m.markov_joint, ggml_concat(ctx, ggml_concat(ctx, *s, e, 0), h, 0)),
+        ggml_tensor * z = ggml_add(ctx, g.mm(m.markov_joint, ggml_concat(ctx, ggml_concat(ctx, *s, e, 0), h, 0)),
                                    m.markov_joint_b);
         auto part = [&](int k) { return ggml_cont(ctx, ggml_view_2d(ctx, z, R, z->ne[1], z->nb[1], k * R * ggml_element_size(z))); };
         ggml_tensor * gt = part(0), * ct = part(1), * ot = part(2);
@@ -205,7 +205,7 @@ static ggml_tensor * chain_state(ggml_context * ctx, const dflash_model & m, int
 
 // confidence = σ(w · [h; e] + b), [1, n_blocks]
 static ggml_tensor * confidence(const dspark_graph & g, const dflash_model & m, ggml_tensor * h, ggml_tensor * e) {
-    ggml_tensor * c = ggml_sigmoid(g.ctx, g.add(ggml_mul_mat(g.ctx, m.conf_w, ggml_concat(g.ctx, h, e, 0)), m.conf_b));
+    ggml_tensor * c = ggml_sigmoid(g.ctx, g.add(g.mm(m.conf_w, ggml_concat(g.ctx, h, e, 0)), m.conf_b));
     ggml_set_output(c);
     return c;
 }
