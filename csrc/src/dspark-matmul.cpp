@@ -172,7 +172,9 @@ struct probe_run {
         ggml_init_params wp = { ggml_tensor_overhead(), nullptr, true };
         ggml_context * wctx = ggml_init(wp);
         ggml_tensor * W = ggml_new_tensor_2d(wctx, type, K, M);
-        ggml_backend_buffer_t wbuf = ggml_backend_buft_alloc_buffer(buft, ggml_backend_buft_get_alloc_size(buft, W));
+        // the allocator rounds each tensor up to the buffer type's alignment: so must the buffer
+        const size_t size = GGML_PAD(ggml_backend_buft_get_alloc_size(buft, W), ggml_backend_buft_get_alignment(buft));
+        ggml_backend_buffer_t wbuf = ggml_backend_buft_alloc_buffer(buft, size);
         ggml_tallocr ta = ggml_tallocr_new(wbuf);
         ggml_tallocr_alloc(&ta, W);
         ggml_backend_tensor_set(W, weight.data(), 0, weight.size());
