@@ -374,6 +374,21 @@ def test_speculators_anchor_layout_and_sliding_window(tmp_path, models):
     assert g.kv("dflash.attention.causal") is True  # speculators' sliding layers are causal
 
 
+def test_speculators_confidence_temperatures(tmp_path, models):
+    """DSpark's calibrated per-slot temperatures (the training recipe's export) become
+    dflash.confidence_temperatures; a list of the wrong length is refused."""
+    src = hf.make_speculators_dspark(tmp_path / "s", models["qwen3"])
+    slots = hf_config(src)["block_size"]  # anchor-first: every slot predicts
+    temps = [1.0 + 0.25 * j for j in range(slots)]
+    hf.edit_config(src, confidence_temperatures=temps)
+    g = run_convert(src, tmp_path / "s.gguf", target_model_dir=models["qwen3"])
+    assert g.kv("dflash.confidence_temperatures") == pytest.approx(temps)
+    assert g.kv_type("dflash.confidence_temperatures") == GGUFValueType.FLOAT32
+    hf.edit_config(src, confidence_temperatures=temps[:-1])
+    with pytest.raises(ConversionError, match="confidence_temperatures must be"):
+        run_convert(src, tmp_path / "bad.gguf", target_model_dir=models["qwen3"])
+
+
 def test_specforge_legacy_keys_and_flag(models, tmp_path):
     g = run_convert(models["specforge_legacy"], tmp_path / "f.gguf",
                     target_model_dir=models["qwen3"], sample_from_anchor=False)

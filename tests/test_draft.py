@@ -8,6 +8,7 @@ from dspark_ggml.context import Context
 from dspark_ggml.draft import DraftContext, DraftModel
 from dspark_ggml.errors import FileFormatError, InvalidArgumentError
 from dspark_ggml.model import Model
+from tests.gguf_edit import rewrite_gguf
 from tests.tiny_models import DraftConfig, TargetConfig, write_draft
 from tests.reference.numpy_draft import DraftRef
 
@@ -313,3 +314,32 @@ def test_reused_propose_graphs_give_the_same_proposals(tmp_path, target):
         b = fresh.propose([anchor], [len(feats)])
         assert np.array_equal(a.tokens, b.tokens) and np.array_equal(a.confidence, b.confidence)
     assert reusing.graph_counts()[1] >= 2 and fresh.graph_counts()[1] == 0
+
+
+def test_calibrated_confidence_is_the_sigmoid_of_the_logit_over_each_slots_temperature(tmp_path, target):
+    """DSpark's sequential temperature scaling: `dflash.confidence_temperatures` (one per predicting
+    slot) divides the confidence head's logit before its sigmoid; same tokens, same logits."""
+    t, d, _ = _draft(tmp_path, target, "conf-plain")
+    temps = [0.5, 1.0, 2.0, 4.0]
+    assert d.info.block_size == len(temps)  # anchor-first: every slot predicts
+    rewrite_gguf(tmp_path / "conf-plain.gguf", tmp_path / "conf-temp.gguf",
+                 set_keys={"dflash.confidence_temperatures": [float(x) for x in temps]})
+    dt = DraftModel(tmp_path / "conf-temp.gguf", t)
+    feats = _features(t, d.info.target_layers, PROMPTS)
+    props = []
+    for m in (d, dt):
+        dctx = DraftContext(m, n_ctx=256, n_seq_max=3, type_kv="f32")
+        for s, f in enumerate(feats):
+            dctx.inject(f, np.arange(len(f)), s)
+        props.append(dctx.propose([77, 5, 250], [len(p) for p in PROMPTS]))
+    plain, scaled = props
+    assert plain.tokens.tolist() == scaled.tokens.tolist()
+    logit = np.log(plain.confidence) - np.log1p(-plain.confidence)
+    want = 1.0 / (1.0 + np.exp(-logit / np.array(temps)))
+    assert np.abs(scaled.confidence - want).max() < 1e-5
+    assert np.abs(scaled.confidence - plain.confidence).max() > 1e-3  # the temperatures did something
+    for bad, why in (([1.0, 1.0], "values for 4"), ([1.0, 0.0, 1.0, 1.0], "not positive")):
+        rewrite_gguf(tmp_path / "conf-plain.gguf", tmp_path / "conf-bad.gguf",
+                     set_keys={"dflash.confidence_temperatures": bad})
+        with pytest.raises(FileFormatError, match=why):
+            DraftModel(tmp_path / "conf-bad.gguf", t)

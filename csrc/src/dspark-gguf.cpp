@@ -156,6 +156,20 @@ std::vector<int64_t> dspark_gguf::get_int_array(const std::string & key) const {
     return out;
 }
 
+std::vector<double> dspark_gguf::get_float_array(const std::string & key) const {
+    const int64_t i = key_or_throw(key);
+    const enum gguf_type at = gguf_get_arr_type(gguf, i);
+    if (gguf_get_kv_type(gguf, i) != GGUF_TYPE_ARRAY || (at != GGUF_TYPE_FLOAT32 && at != GGUF_TYPE_FLOAT64)) {
+        fail(DSPARK_STATUS_BAD_FORMAT, "key '" + key + "' should be an array of floats");
+    }
+    std::vector<double> out(gguf_get_arr_n(gguf, i));
+    const void * data = gguf_get_arr_data(gguf, i);
+    for (size_t j = 0; j < out.size(); ++j) {
+        out[j] = at == GGUF_TYPE_FLOAT32 ? ((const float *) data)[j] : ((const double *) data)[j];
+    }
+    return out;
+}
+
 std::vector<bool> dspark_gguf::get_bool_array(const std::string & key) const {
     std::vector<int64_t> v = get_int_array(key);
     return std::vector<bool>(v.begin(), v.end());

@@ -29,6 +29,7 @@ struct dspark_gguf {
     bool        get_bool(const std::string & key) const;
     std::vector<int64_t> get_int_array(const std::string & key) const;
     std::vector<bool>    get_bool_array(const std::string & key) const;
+    std::vector<double>  get_float_array(const std::string & key) const;  // F32 or F64 arrays
     // An integer key given once for all layers or as an array of n_layer values (either way, n_layer
     // values come back); `def` when absent, or a BAD_FORMAT error when absent and def < 0.
     std::vector<int> get_int_per_layer(const std::string & key, int n_layer, int64_t def = -1) const;

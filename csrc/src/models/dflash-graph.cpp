@@ -203,9 +203,13 @@ static ggml_tensor * chain_state(ggml_context * ctx, const dflash_model & m, int
     return ggml_fill(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m.hp.markov_rank, n_blocks), 0.0f);
 }
 
-// confidence = σ(w · [h; e] + b), [1, n_blocks]
-static ggml_tensor * confidence(const dspark_graph & g, const dflash_model & m, ggml_tensor * h, ggml_tensor * e) {
-    ggml_tensor * c = ggml_sigmoid(g.ctx, g.add(g.mm(m.conf_w, ggml_concat(g.ctx, h, e, 0)), m.conf_b));
+// confidence of slot j = σ((w · [h; e] + b) / T_j), [1, n_blocks] (T_j: the calibrated temperature)
+static ggml_tensor * confidence(const dspark_graph & g, const dflash_model & m, ggml_tensor * h, ggml_tensor * e, int j) {
+    ggml_tensor * logit = g.add(g.mm(m.conf_w, ggml_concat(g.ctx, h, e, 0)), m.conf_b);
+    if (!m.hp.confidence_temperatures.empty()) {
+        logit = ggml_scale(g.ctx, logit, 1.0f / m.hp.confidence_temperatures[j]);
+    }
+    ggml_tensor * c = ggml_sigmoid(g.ctx, logit);
     ggml_set_output(c);
     return c;
 }
@@ -259,7 +263,7 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
         ggml_tensor * h = ggml_cont(ctx, slot_view(ctx, hid, j, P, n_blocks));
         ggml_tensor * r = markov_input(g, m, e, h, &s);
         if (m.conf_w) {
-            io.conf_out.push_back(confidence(g, m, h, e));
+            io.conf_out.push_back(confidence(g, m, h, e, j));
         }
         ggml_tensor * ids;  // the slot's pick in draft ids [n_blocks]
         if (cand) {

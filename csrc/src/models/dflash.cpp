@@ -190,6 +190,29 @@ static void load_heads(dflash_model & m, dspark_weights & w) {
     if (f.get_bool("dflash.has_confidence_head", hp.has_confidence) != hp.has_confidence) {
         f.fail(DSPARK_STATUS_BAD_FORMAT, "'dflash.has_confidence_head' disagrees with the presence of 'conf_proj.weight'");
     }
+
+}
+
+// DSpark's sequential temperature scaling of the confidence head (this project's key), one per
+// predicting slot: read once the block layout, and so the number of predicting slots, is settled.
+static void load_confidence_temperatures(dflash_hparams & hp, const dspark_gguf & f) {
+    const char * temps_key = "dflash.confidence_temperatures";
+    if (f.has_key(temps_key)) {
+        if (!hp.has_confidence) {
+            f.fail(DSPARK_STATUS_BAD_FORMAT, std::string("'") + temps_key + "' is set but the draft has no confidence head");
+        }
+        for (double t : f.get_float_array(temps_key)) {
+            if (!(t > 0.0 && std::isfinite(t))) {
+                f.fail(DSPARK_STATUS_BAD_FORMAT, std::string("'") + temps_key + "' holds a temperature that is not positive");
+            }
+            hp.confidence_temperatures.push_back((float) t);
+        }
+        if ((int) hp.confidence_temperatures.size() != hp.max_draft()) {
+            f.fail(DSPARK_STATUS_BAD_FORMAT, std::string("'") + temps_key + "' has " +
+                   std::to_string(hp.confidence_temperatures.size()) + " values for " + std::to_string(hp.max_draft()) +
+                   " predicting slots");
+        }
+    }
 }
 
 void dflash_model::load(dspark_weights & w, const target_model * target, const std::string & target_path,
@@ -229,4 +252,5 @@ void dflash_model::load(dspark_weights & w, const target_model * target, const s
     if (sample_from_anchor >= 0) {
         hp.sample_from_anchor = sample_from_anchor != 0;
     }
+    load_confidence_temperatures(hp, f);
 }

@@ -32,6 +32,9 @@ struct dflash_hparams : dspark_backbone {
     markov_head markov = markov_head::none;
     int   markov_rank = 0;
     bool  has_confidence = false;
+    // DSpark's sequential temperature scaling of the confidence head, one per predicting slot
+    // (confidence_j = sigmoid(logit_j / T_j)); empty: T = 1
+    std::vector<float> confidence_temperatures;
     float attn_scale = 0.0f;          // 0: 1/sqrt(D)
     float value_scale = 0.0f;         // 0: off
     float embedding_scale = 0.0f;     // 0: off

@@ -16,6 +16,8 @@ Decisions made here, each checked against the tensors rather than trusted from t
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -349,6 +351,15 @@ def _draft_kv(spec: DraftSpec, bb: Backbone, gemma: Optional[Gemma4Text], target
         kv.boolean(K.CAUSAL, spec.causal)
     kv.boolean(K.SAMPLE_FROM_ANCHOR, spec.sample_from_anchor)
     kv.boolean(K.HAS_CONFIDENCE_HEAD, has_confidence)
+    if spec.confidence_temperatures is not None:
+        temps = spec.confidence_temperatures
+        slots = spec.block_size - (0 if spec.sample_from_anchor else 1)
+        if not has_confidence:
+            raise ConversionError("confidence_temperatures are given but the draft has no confidence head")
+        if len(temps) != slots or not all(math.isfinite(t) and t > 0 for t in temps):
+            raise ConversionError(f"confidence_temperatures must be {slots} positive numbers (one per "
+                                  f"predicting slot of the block), got {temps}")
+        kv.array(K.CONFIDENCE_TEMPERATURES, temps, GGUFValueType.FLOAT32)
     if markov is not None:
         kv.string(K.MARKOV_HEAD_TYPE, markov.head_type)
     return kv

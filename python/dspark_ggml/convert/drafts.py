@@ -58,6 +58,7 @@ class DraftSpec:
     markov_head_type: Optional[str]
     confidence_head: Optional[bool]  # `enable_confidence_head`
     confidence_with_markov: Optional[bool]
+    confidence_temperatures: Optional[list[float]]  # per predicting slot (sequential temperature scaling)
     num_target_layers: Optional[int]
     target_hidden_size: Optional[int]
     causal: Optional[bool]
@@ -174,6 +175,7 @@ def _common(cfg: Config, places: list[Config], ov: Overrides, fmt: str, backbone
         confidence_head=_agreed("enable_confidence_head", places, lambda c, k: c.bool(k, None)),
         confidence_with_markov=_agreed("confidence_head_with_markov", places,
                                        lambda c, k: c.bool(k, None)),
+        confidence_temperatures=_agreed("confidence_temperatures", places, lambda c, k: c.float_list(k, None)),
         num_target_layers=_agreed("num_target_layers", places, lambda c, k: c.int(k, None)),
         target_hidden_size=_agreed("target_hidden_size", places, lambda c, k: c.int(k, None)),
         causal=None, sliding_window=None, sliding_layers=None, notes=notes,

@@ -65,6 +65,9 @@ SAMPLE_FROM_ANCHOR = "{arch}.sample_from_anchor"
 HAS_CONFIDENCE_HEAD = "{arch}.has_confidence_head"
 # DSpark drafts (this project): "vanilla" | "gated" | "rnn"
 MARKOV_HEAD_TYPE = "{arch}.markov_head_type"
+# The confidence head's temperature per predicting slot, from DSpark's sequential temperature
+# scaling (this project): confidence_j = sigmoid(logit_j / T_j)
+CONFIDENCE_TEMPERATURES = "{arch}.confidence_temperatures"
 
 # tokenizer
 TOKENIZER_MODEL = "tokenizer.ggml.model"

@@ -92,6 +92,15 @@ class Config:
             raise self._fail(key, "a list of integers")
         return list(value)
 
+    def float_list(self, key: str, default: Any = _REQUIRED) -> Any:
+        found, value = self._lookup(key, default)
+        if not found:
+            return value
+        if not isinstance(value, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            raise self._fail(key, "a list of numbers")
+        return [float(v) for v in value]
+
     def str_list(self, key: str, default: Any = _REQUIRED) -> Any:
         found, value = self._lookup(key, default)
         if not found:
