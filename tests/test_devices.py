@@ -169,6 +169,31 @@ def test_backend_sampling_draws_what_host_sampling_draws(files, accel):
     assert _run(target, draft, sp, backend_sampling=False) == host
 
 
+def test_the_in_graph_sampler_on_the_device_draws_what_the_host_draws(accel):
+    """Every on/off combination of the sampler's stages, and one batch mixing them with random
+    values and a per-row adjustment (bans as -inf), at uniforms inside one token's share of the
+    distribution: the device's graph draws exactly the host chain's tokens."""
+    from tests import sampler_reference as ref
+    from tests.test_sampler_chain import combos
+    from dspark_ggml.sampling import sample_rows
+
+    rng = np.random.default_rng(11)
+    rows = 64
+    logits = rng.normal(0, 2.5, size=(rows, V)).astype(np.float32)
+    for sp in combos():
+        u = np.array([ref.safe_uniform(ref.distribution(logits[i], sp)[1], rng)[0] for i in range(rows)], np.float32)
+        host, p_host = sample_rows(logits, u, sp, return_probs=True)
+        got, p_got = sample_rows(logits, u, sp, device=accel.index, return_probs=True)
+        np.testing.assert_array_equal(got, host, err_msg=str(sp))
+        np.testing.assert_allclose(p_got, p_host, rtol=1e-3, atol=1e-5)
+    mixed = [combos()[i] for i in rng.integers(0, 16, size=rows)]
+    adjust = np.where(rng.random(logits.shape) < 0.2, -np.inf, rng.normal(0, 1, size=logits.shape)).astype(np.float32)
+    u = np.array([ref.safe_uniform(ref.distribution(logits[i], sp, adjust[i])[1], rng)[0] for i, sp in enumerate(mixed)],
+                 np.float32)
+    host = sample_rows(logits, u, mixed, adjust=adjust)
+    np.testing.assert_array_equal(sample_rows(logits, u, mixed, adjust=adjust, device=accel.index), host)
+
+
 def test_draft_on_another_device_than_the_target(files, accel):
     """The draft borrows the target's embeddings and head across devices."""
     target_path, drafts = files

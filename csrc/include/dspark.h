@@ -427,9 +427,19 @@ DSPARK_API struct dspark_sampling_params dspark_sampling_default_params(void);
 DSPARK_API int32_t dspark_sampling_check(const struct dspark_sampling_params * params);
 
 /* Sample each of n_rows rows of logits [n_rows][n_vocab] with the uniform draws u[n_rows], on the
- * host (in_graph false) or as a ggml graph on the CPU backend (in_graph true); the two agree. */
+ * host (in_graph false) or as a ggml graph on the CPU backend (in_graph true). Both run the same
+ * chain: they differ only by float rounding, so a draw can differ only when u lies within rounding
+ * of a boundary between two tokens' cumulative probabilities. */
 DSPARK_API int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
                                       const struct dspark_sampling_params * params, bool in_graph, dspark_token * out);
+/* The same with a sampler per row (params[n_rows]; NULL = the defaults for every row), an
+ * adjustment added to each row's logits first (adjust [n_rows][n_vocab]; NULL = none; -inf bans a
+ * token), on the host (device -1) or as one graph on a device (an index of dspark_device_*), and
+ * optionally (prob not NULL) the probability of each row's token under the distribution it was
+ * drawn from (1 for greedy rows). */
+DSPARK_API int32_t dspark_sample_rows_each(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
+                                           const struct dspark_sampling_params * params, const float * adjust,
+                                           int32_t device, dspark_token * out, float * prob);
 
 /* ---- speculative decoding engine --------------------------------------------------------------- */
 

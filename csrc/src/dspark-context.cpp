@@ -83,10 +83,9 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     n_outputs_max = std::min<uint32_t>(params.n_batch, per_seq * params.n_seq_max);
 
     // node budget: the layers (MoE and Gemma-4 layers take about twice the nodes of a plain one),
-    // plus an in-graph sampler per sequence (engine backend sampling)
+    // plus the in-graph sampler (engine backend sampling)
     dspark_rpc_check_alive(model.devices());
-    compute.init(model.device(), params.n_threads,
-                 (size_t) 256 + (size_t) hp().n_layer * 128 + (size_t) params.n_seq_max * dspark_sampler_graph_size(),
+    compute.init(model.device(), params.n_threads, (size_t) 256 + (size_t) hp().n_layer * 128 + dspark_sampler_graph_size(),
                  model.devices());
     compute.set_batch_invariant(params.batch_invariant);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
@@ -173,8 +172,7 @@ void dspark_context::validate(const dspark_batch & b, int32_t & n_out) const {
     }
 }
 
-void dspark_context::decode(const dspark_batch & b, const std::vector<target_sampling_group> * sampling, const float * uniforms,
-                            const float * probes) {
+void dspark_context::decode(const dspark_batch & b, const dspark_sampler_rows * sampling) {
     int32_t n_out = 0;
     validate(b, n_out);
     std::vector<int32_t> slots;
@@ -185,7 +183,7 @@ void dspark_context::decode(const dspark_batch & b, const std::vector<target_sam
     // The batch's own cells take part in its attention: claim them now, give them back on failure.
     kv.commit(slots, b.pos, b.seq_id);
     try {
-        run(b, slots, n_out, sampling, uniforms, probes);
+        run(b, slots, n_out, sampling);
     } catch (...) {
         kv.release(slots);
         n_outputs = 0;
@@ -195,30 +193,28 @@ void dspark_context::decode(const dspark_batch & b, const std::vector<target_sam
 }
 
 void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & slots, int32_t n_out,
-                         const std::vector<target_sampling_group> * sampling, const float * uniforms, const float * probes) {
+                         const dspark_sampler_rows * sampling) {
     const int T = b.n_tokens;
     const int n_kv = (int) kv.n_kv();
+    if (sampling && sampling->size() != (size_t) n_out) {
+        dspark_throw(DSPARK_STATUS_INTERNAL, "in-graph sampling of %zu rows for %d outputs", sampling->size(), n_out);
+    }
 
     target_graph_key key;
     key.n_tokens = T;
     key.n_outputs = n_out;
     key.n_kv = n_kv;
     key.capture = capture;
+    key.sampled = sampling != nullptr;
     if (sampling) {
-        key.sampling = *sampling;
+        key.sampler = sampling->shape(hp().n_vocab);
     }
     ggml_cgraph * gf = graph_for(graph, key, [&](const dspark_graph & g) {
-        cached_io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn, sampling);
+        cached_io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn, key.sampled ? &key.sampler : nullptr);
     });
     const target_graph & io = cached_io;
-    if (io.uniforms) {
-        dspark_set_input(io.uniforms, uniforms, sizeof(float) * n_out);
-    }
-    if (io.probe) {
-        if (!probes) {
-            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "a probing sampling group needs probe tokens");
-        }
-        dspark_set_input(io.probe, probes, sizeof(float) * n_out);
+    if (sampling) {
+        dspark_set_sampler_inputs(io.sampler, *sampling, key.sampler, hp().n_vocab);
     }
 
     dspark_set_input(io.tokens, b.token, sizeof(int32_t) * T);
@@ -246,16 +242,13 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
 
     compute.compute(gf);
 
-    has_sampled = !io.sampled.empty();
+    has_sampled = io.sampler.tokens != nullptr;
     if (has_sampled) {
         sampled.resize(n_out);
-        for (size_t i = 0, row = 0; i < io.sampled.size(); ++i) {
-            ggml_backend_tensor_get(io.sampled[i], sampled.data() + row, 0, ggml_nbytes(io.sampled[i]));
-            if (io.probed[i]) {
-                probed.resize(n_out);
-                ggml_backend_tensor_get(io.probed[i], probed.data() + row, 0, ggml_nbytes(io.probed[i]));
-            }
-            row += (*sampling)[i].count;
+        ggml_backend_tensor_get(io.sampler.tokens, sampled.data(), 0, sizeof(int32_t) * n_out);
+        if (io.sampler.probed) {
+            probed.resize(n_out);
+            ggml_backend_tensor_get(io.sampler.probed, probed.data(), 0, sizeof(float) * n_out);
         }
     } else {
         ggml_backend_tensor_get(io.logits, logits.data(), 0, sizeof(float) * (size_t) n_out * hp().n_vocab);
@@ -268,7 +261,7 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
 }
 
 void dspark_context::logits_row(int32_t row, float * out) const {
-    if (!has_sampled || !graph.valid(compute) || !cached_io.probe || row < 0 || row >= n_outputs) {
+    if (!has_sampled || !graph.valid(compute) || !cached_io.sampler.probed || row < 0 || row >= n_outputs) {
         dspark_throw(DSPARK_STATUS_INTERNAL, "logits of output row %d are not kept", row);
     }
     dspark_rpc_check_alive(compute.devices);

@@ -17,18 +17,18 @@ struct dspark_context : dspark_runtime {
     int32_t                n_outputs  = 0;     // of the last decode
     int32_t                n_captured = 0;     // tokens captured by the last decode
     std::vector<int32_t>   sampled;            // [n_outputs] ids sampled in-graph by the last decode
-    std::vector<float>     probed;             // [n_outputs] probe-token probabilities (probing groups' rows)
+    std::vector<float>     probed;             // [n_outputs] probe-token probabilities (with probes)
     bool                   has_sampled = false;
 
     dspark_context(dspark_model & model, const dspark_context_params & params);  // throws
 
-    // Throws; the KV cache is unchanged on failure. With `sampling` (groups covering every output
-    // row, and one uniform per output row), the output rows are sampled inside the graph and only
-    // the ids come back (`sampled`); the logits buffer is left as it was.
-    void decode(const dspark_batch & batch, const std::vector<target_sampling_group> * sampling = nullptr,
-                const float * uniforms = nullptr, const float * probes = nullptr);
-    // One output row's logits of the last in-graph-sampled decode with probing groups (kept on the
-    // backend, not copied back); out has n_vocab floats.
+    // Throws; the KV cache is unchanged on failure. With `sampling` (one row per output row: its
+    // sampler, uniform and probe token), the output rows are sampled inside the graph and only the
+    // ids (and the probes' probabilities) come back (`sampled`, `probed`); the logits buffer is left
+    // as it was.
+    void decode(const dspark_batch & batch, const dspark_sampler_rows * sampling = nullptr);
+    // One output row's logits of the last in-graph-sampled decode with probes (kept on the backend,
+    // not copied back); out has n_vocab floats.
     void logits_row(int32_t row, float * out) const;
     void set_capture(const std::vector<int32_t> & ids);
 
@@ -36,8 +36,7 @@ struct dspark_context : dspark_runtime {
 
   private:
     void validate(const dspark_batch & batch, int32_t & n_out) const;
-    void run(const dspark_batch & batch, const std::vector<int32_t> & slots, int32_t n_out,
-             const std::vector<target_sampling_group> * sampling, const float * uniforms, const float * probes);
+    void run(const dspark_batch & batch, const std::vector<int32_t> & slots, int32_t n_out, const dspark_sampler_rows * sampling);
     void reserve_worst_case();
     target_graph                        cached_io;     // of the graph in `graph`
     dspark_graph_cache<target_graph_key> graph;

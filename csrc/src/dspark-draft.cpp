@@ -30,7 +30,9 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     // a block of every sequence must fit next to a full context: its cells are temporary
     const uint32_t n_cells = params.n_ctx + params.n_seq_max * (uint32_t) hp().block_size;
     dspark_rpc_check_alive(model.devices());
-    compute.init(model.device(), params.n_threads, (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * 128,
+    // node budget: the layers, and per block slot the Markov chain's step and an in-graph sampler
+    compute.init(model.device(), params.n_threads,
+                 (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * (128 + dspark_sampler_graph_size()),
                  model.devices());
     compute.set_batch_invariant(params.batch_invariant);  // the same kernels as its target's
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);
@@ -144,10 +146,10 @@ void dspark_draft_context::validate_propose(const dspark_propose_request & r, st
                      r.n_draft, hp().max_draft(), hp().block_size,
                      hp().first_pred_slot() == 0 ? "anchor-first" : "anchor + masks");
     }
-    if (r.pick.sample && (!r.samplers || !r.seeds)) {
+    if (r.sample && (!r.samplers || !r.seeds)) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sampling needs a sampler and a seed per block");
     }
-    for (int32_t i = 0; r.pick.sample && i < r.n_seqs; ++i) {
+    for (int32_t i = 0; r.sample && i < r.n_seqs; ++i) {
         const dspark_sampler_params & sp = r.samplers[i];
         if (!(sp.temperature >= 0.0f) || !std::isfinite(sp.temperature) || sp.top_k < 0 || !(sp.top_p > 0.0f && sp.top_p <= 1.0f) ||
             !(sp.min_p >= 0.0f && sp.min_p <= 1.0f)) {
@@ -235,29 +237,23 @@ static float open_uniform(std::mt19937_64 & rng) {
     return (float) (((double) (rng() >> 11) + 0.5) * (1.0 / 9007199254740992.0));
 }
 
-// Per block: one uniform per slot from the block's own seeded stream, 1/T, and the argmax flag.
-void dspark_draft_context::set_sampling_inputs(const dspark_propose_request & r, const dflash_block_graph & io) const {
-    const int P = r.n_draft;
-    std::vector<float> u((size_t) r.n_seqs * P), inv_temp(r.n_seqs), greedy(r.n_seqs);
+// Per slot, block-major: its block's sampler and a uniform from the block's own seeded stream.
+dspark_sampler_rows dspark_draft_context::sampler_rows(const dspark_propose_request & r) const {
+    dspark_sampler_rows rows;
     for (int32_t b = 0; b < r.n_seqs; ++b) {
         const dspark_sampler_params & sp = r.samplers[b];
         std::mt19937_64 rng(r.seeds[b]);
-        for (int j = 0; j < P; ++j) {
-            u[(size_t) j * r.n_seqs + b] = sp.greedy() ? 0.5f : open_uniform(rng);  // row j: slot j
+        for (int j = 0; j < r.n_draft; ++j) {
+            rows.add(sp, sp.greedy() ? 0.5f : open_uniform(rng));
         }
-        inv_temp[b] = sp.greedy() ? 1.0f : 1.0f / sp.temperature;
-        greedy[b] = sp.greedy() ? 1.0f : 0.0f;
     }
-    dspark_set_input(io.uniform, u.data(), u.size() * sizeof(float));
-    dspark_set_input(io.inv_temp, inv_temp.data(), inv_temp.size() * sizeof(float));
-    dspark_set_input(io.greedy, greedy.data(), greedy.size() * sizeof(float));
+    return rows;
 }
 
 void dspark_draft_context::run_propose(const dspark_propose_request & r, const std::vector<int32_t> & inj_slots,
                                        const std::vector<int32_t> & slots) {
     const int B = block_len(r.n_draft);
     const int n_tok = B * r.n_seqs;
-    const int P = r.n_draft;
     const int n_kv = (int) kv.n_kv();
 
     const int n_rows = (int) inj_slots.size();  // the real context rows, then padding
@@ -267,14 +263,19 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
     key.block_len = B;
     key.n_kv = n_kv;
     key.logits = r.want_logits || r.keep_logits;
-    key.sample = r.pick.sample;
-    key.filter = r.pick.filter;
-    key.markov_top_k = r.pick.markov_top_k;
+    const dspark_sampler_rows rows = r.sample ? sampler_rows(r) : dspark_sampler_rows();
+    if (r.sample) {
+        key.sampler = rows.shape(hp().n_vocab_draft);
+    }
+    key.markov_top_k = r.markov_top_k;
     ggml_cgraph * gf = graph_for(graph, key, [&](const dspark_graph & g) {
         // the context rows are written to the cache before the block reads it (graph order)
         cached_inj = key.n_rows > 0 ? build_dflash_inject(g, *model.draft, kv, key.n_rows) : dflash_inject_graph();
+        dflash_pick pick;
+        pick.sampler = key.sampler;
+        pick.markov_top_k = key.markov_top_k;
         cached_io = build_dflash_block(g, *model.draft, kv, d2t_i32, key.n_seqs, key.block_len, key.n_kv, flash_attn,
-                                       key.logits, r.pick);
+                                       key.logits, pick);
     });
     const dflash_inject_graph & inj = cached_inj;
     const dflash_block_graph & io = cached_io;
@@ -312,19 +313,10 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
         kv.fill_mask(mask.data(), n_kv, n_tok, pos.data(), seq.data(), mp);
         dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
     }
-    if (io.uniform) {
-        set_sampling_inputs(r, io);
-    }
-
-    if (io.filter) {
-        std::vector<float> filt((size_t) 3 * P * r.n_seqs);
-        for (int32_t b = 0; b < r.n_seqs; ++b) {
-            const dspark_sampler_params & sp = r.samplers[b];
-            for (int j = 0; j < P; ++j) {
-                dflash_filter_row(filt.data() + 3 * ((size_t) b * P + j), sp.top_k, sp.top_p, sp.min_p, hp().n_vocab_draft);
-            }
-        }
-        dspark_set_input(io.filter, filt.data(), filt.size() * sizeof(float));
+    if (io.sampler) {
+        std::vector<float> in;
+        rows.inputs(key.sampler, hp().n_vocab_draft, in);
+        dspark_set_input(io.sampler, in.data(), in.size() * sizeof(float));
     }
 
     compute.compute(gf);

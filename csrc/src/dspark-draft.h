@@ -13,11 +13,12 @@
 // shape run the same graph.
 struct draft_graph_key {
     int  n_rows = 0, n_seqs = 0, block_len = 0, n_kv = 0, markov_top_k = 0;
-    bool logits = false, sample = false, filter = false;
+    bool logits = false;
+    dspark_sampler_shape sampler;  // sampler.sample false: argmax
 
     bool operator==(const draft_graph_key & o) const {
         return n_rows == o.n_rows && n_seqs == o.n_seqs && block_len == o.block_len && n_kv == o.n_kv &&
-               markov_top_k == o.markov_top_k && logits == o.logits && sample == o.sample && filter == o.filter;
+               markov_top_k == o.markov_top_k && logits == o.logits && sampler == o.sampler;
     }
 };
 
@@ -30,10 +31,11 @@ struct dspark_propose_request {
     int32_t               n_draft = 0;        // tokens to propose per sequence (same for all)
     bool                  want_logits = false;  // copy every slot's logits back (`logits`)
     bool                  keep_logits = false;  // keep them on the backend only, for logits_row()
-    dflash_pick           pick;               // argmax, or in-graph sampling
-    // With pick.sample, per block: its sampler (temperature 0 = argmax; top_k / top_p / min_p
-    // filter the draft's logits when pick.filter) and the seed of its own stream of uniforms (one
-    // per slot), so a block's draw depends on nothing else in the call. [n_seqs] each.
+    bool                  sample = false;     // draw each block in-graph with its sampler (else argmax)
+    int32_t               markov_top_k = 0;   // see dflash_pick
+    // With sample, per block: its sampler (dspark-sampler.h's chain over the draft's logits;
+    // temperature 0 = argmax) and the seed of its own stream of uniforms (one per slot), so a
+    // block's draw depends on nothing else in the call. [n_seqs] each.
     const dspark_sampler_params * samplers = nullptr;
     const uint64_t *      seeds = nullptr;
     // Target features to inject first, in the same graph (the positions committed since the last
@@ -79,7 +81,7 @@ struct dspark_draft_context : dspark_runtime {
     void run_propose(const dspark_propose_request & req, const std::vector<int32_t> & inj_slots,
                      const std::vector<int32_t> & block_slots);
     void read_results(const dspark_propose_request & req, const dflash_block_graph & io);
-    void set_sampling_inputs(const dspark_propose_request & req, const dflash_block_graph & io) const;
+    dspark_sampler_rows sampler_rows(const dspark_propose_request & req) const;
     dflash_inject_graph   cached_inj;  // of the graph in `graph`
     dflash_block_graph    cached_io;
     dspark_graph_cache<draft_graph_key> graph;

@@ -186,7 +186,7 @@ void dspark_engine::calibrate_draft(int k, const std::vector<int> & seqs) {
             r.pos0 = pos0.data();
             r.seq_ids = ids.data();
             r.n_draft = k;
-            r.pick.markov_top_k = params.markov_top_k;
+            r.markov_top_k = params.markov_top_k;
             r.n_inject = m * (k + 1);
             r.inject_features = feat.data();
             r.inject_pos = inj_pos.data();
@@ -484,14 +484,13 @@ dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, in
     // Its top-k / top-p / min-p filter the draft's logits too: q then has the support of p.
     std::vector<dspark_sampler_params> samplers;
     std::vector<uint64_t> seeds;
-    bool sampled = false, filtered = false;
+    bool sampled = false;
     for (size_t i : which) {
         dspark_seq_state & s = *plans[i].s;
         const bool own = params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !s.sp.greedy();
         samplers.push_back(own ? s.sp : dspark_sampler_params());
         seeds.push_back(own ? s.aux() : 0);
         sampled = sampled || own;
-        filtered = filtered || (own && s.sp.sorts(dft->hp().n_vocab_draft));
     }
     dspark_propose_request r;
     r.n_inject = (int32_t) (inj_pos.size() - done);
@@ -504,9 +503,8 @@ dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, in
     r.seq_ids = ids.data();
     r.n_draft = n_block;  // every block has the same length; budgets cut afterwards
     r.keep_logits = sampled;  // read back one row only where a draft token is rejected
-    r.pick.sample = sampled;
-    r.pick.filter = filtered;
-    r.pick.markov_top_k = params.markov_top_k;
+    r.sample = sampled;
+    r.markov_top_k = params.markov_top_k;
     r.samplers = samplers.data();
     r.seeds = seeds.data();
     dft->propose(r);
@@ -650,8 +648,7 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
     std::vector<dspark_token> tok;
     std::vector<dspark_pos> pos;
     std::vector<dspark_seq_id> seq;
-    std::vector<target_sampling_group> groups;
-    std::vector<float> uniforms, probes;
+    dspark_sampler_rows rows;  // in-graph sampling: one row per verify row
     const bool backend = in_graph_sampling(plans, begin, end);
     for (size_t i = begin; i < end; ++i) {
         plan & p = plans[i];
@@ -663,33 +660,28 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
             pos.push_back(p.s->n_past + j);
             seq.push_back(p.s->id);
         }
-        if (backend) {
-            target_sampling_group g;
-            g.begin = p.row;
-            g.count = k + 1;
-            g.params = p.s->sp;
-            g.probe = rejection_sampled(p);
-            groups.push_back(g);
-            if (g.probe) {
-                // p of each draft token in the graph; the last row samples the bonus token
-                for (int j = 0; j < k; ++j) {
-                    probes.push_back((float) p.draft[j]);
-                    uniforms.push_back(0.5f);
-                }
-                probes.push_back(0.0f);
-                p.bonus_u = bonus_uniform(p);
-                uniforms.push_back(p.bonus_u);
-            } else {
-                probes.insert(probes.end(), k + 1, 0.0f);
-                const std::vector<float> u = p.s->rng.peek(k + 1);
-                uniforms.insert(uniforms.end(), u.begin(), u.end());
+        if (!backend) {
+            continue;
+        }
+        if (rejection_sampled(p)) {
+            // p of each draft token in the graph; the last row samples the bonus token
+            rows.probing = true;
+            for (int j = 0; j < k; ++j) {
+                rows.add(p.s->sp, 0.5f, (float) p.draft[j]);
+            }
+            p.bonus_u = bonus_uniform(p);
+            rows.add(p.s->sp, p.bonus_u);
+        } else {
+            const std::vector<float> u = p.s->rng.peek(k + 1);
+            for (int j = 0; j <= k; ++j) {
+                rows.add(p.s->sp, u[j]);
             }
         }
     }
     std::vector<int8_t> out(tok.size(), 1);
     const uint64_t builds = tgt.n_graphs_built;
     dspark_batch b = {(int32_t) tok.size(), tok.data(), pos.data(), seq.data(), out.data()};
-    tgt.decode(b, backend ? &groups : nullptr, backend ? uniforms.data() : nullptr, backend ? probes.data() : nullptr);
+    tgt.decode(b, backend ? &rows : nullptr);
     const double t_verify = ms_since(t0);
     total.t_verify_ms += t_verify;
     if (costed() && tgt.n_graphs_built == builds) {  // a graph build is paid once per shape

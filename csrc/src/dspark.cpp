@@ -697,8 +697,8 @@ int32_t dspark_draft_propose(struct dspark_draft_context * dctx, int32_t n_seqs,
         r.seq_ids = seq_ids;
         r.n_draft = p.n_draft > 0 ? p.n_draft : dctx->hp().max_draft();
         r.want_logits = p.want_logits;
-        r.pick.sample = p.sample;
-        r.pick.markov_top_k = p.markov_top_k;
+        r.sample = p.sample;
+        r.markov_top_k = p.markov_top_k;
         // one temperature for all; each block's noise from the seed and its sequence id, so that
         // a sequence's block is the same whatever else is proposed with it
         const int32_t n = std::max(n_seqs, 0);
@@ -762,25 +762,56 @@ struct dspark_sampling_params dspark_sampling_default_params(void) {
 }
 
 
-int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
-                           const struct dspark_sampling_params * params, bool in_graph, dspark_token * out) {
+// Sample rows with one sampler each (params[r], or one for all), on the host (dev null) or in a graph on dev.
+static int32_t sample_rows(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
+                           const dspark_sampling_params * params, bool one_for_all, const float * adjust,
+                           ggml_backend_dev_t (*device)(int32_t), int32_t index, dspark_token * out, float * prob) {
     if (!logits || !u || !out || n_rows < 1 || n_vocab < 1) {
         dspark_set_last_error("dspark_sample_rows: need logits, uniforms, an output array and positive sizes");
         return DSPARK_STATUS_INVALID_ARGUMENT;
     }
-    const dspark_sampling_params p = params ? *params : dspark_sampling_default_params();
     return guard([&]() {
-        const dspark_sampler_params sp = dspark_sampler_from(p);
-        if (in_graph) {
-            dspark_backends_load();
-            dspark_sample_rows_in_graph(logits, n_rows, n_vocab, u, sp, out);
-        } else {
-            for (int32_t r = 0; r < n_rows; ++r) {
-                out[r] = dspark_sample_host(logits + (size_t) r * n_vocab, n_vocab, sp, u[r]);
-            }
+        std::vector<dspark_sampler_params> sp(n_rows);
+        for (int32_t r = 0; r < n_rows; ++r) {
+            sp[r] = dspark_sampler_from(!params ? dspark_sampling_default_params() : params[one_for_all ? 0 : r]);
+        }
+        if (device) {
+            dspark_sample_rows_in_graph(device(index), logits, n_rows, n_vocab, u, sp.data(), adjust, out, prob);
+            return DSPARK_STATUS_OK;
+        }
+        for (int32_t r = 0; r < n_rows; ++r) {
+            const size_t off = (size_t) r * n_vocab;
+            out[r] = dspark_sample_host(logits + off, n_vocab, sp[r], u[r], adjust ? adjust + off : nullptr, prob ? prob + r : nullptr);
         }
         return DSPARK_STATUS_OK;
     });
+}
+
+static ggml_backend_dev_t cpu_device(int32_t) {
+    return dspark_device_cpu();
+}
+
+static ggml_backend_dev_t indexed_device(int32_t index) {
+    ggml_backend_dev_t dev = dspark_device_get(index);
+    if (!dev) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "device index %d out of range (%d devices)", index, dspark_device_count_all());
+    }
+    return dev;
+}
+
+int32_t dspark_sample_rows(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
+                           const struct dspark_sampling_params * params, bool in_graph, dspark_token * out) {
+    return sample_rows(logits, n_rows, n_vocab, u, params, true, nullptr, in_graph ? cpu_device : nullptr, 0, out, nullptr);
+}
+
+int32_t dspark_sample_rows_each(const float * logits, int32_t n_rows, int32_t n_vocab, const float * u,
+                                const struct dspark_sampling_params * params, const float * adjust, int32_t device,
+                                dspark_token * out, float * prob) {
+    if (device < -1) {
+        dspark_set_last_error(dspark_format("dspark_sample_rows_each: device must be -1 (the host) or a device index, got %d", device));
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return sample_rows(logits, n_rows, n_vocab, u, params, false, adjust, device >= 0 ? indexed_device : nullptr, device, out, prob);
 }
 
 int32_t dspark_sampling_check(const struct dspark_sampling_params * params) {

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any, List, Mapping, Optional, TypedDict, Union
+from typing import Any, List, Mapping, Optional, Sequence, TypedDict, Union
 
 import numpy as np
 
 from . import _lib
 from .errors import InvalidArgumentError
+from .system import devices
 
 
 
@@ -92,11 +93,21 @@ def with_options(params: SamplingParams | None, options: Mapping[str, Any]) -> S
     return merged
 
 
-def sample_rows(logits: np.ndarray, uniforms: np.ndarray, params: SamplingParams, *, in_graph: bool = False) -> np.ndarray:
+def sample_rows(logits: np.ndarray, uniforms: np.ndarray, params: SamplingParams | Sequence[SamplingParams], *,
+                in_graph: bool = False, device: int | None = None, adjust: np.ndarray | None = None,
+                return_probs: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Sample each row of ``logits`` [n, V] with one uniform draw per row.
 
-    ``in_graph`` runs the sampler as a ggml graph (the backend sampler) instead of on the host; the
-    two pick the same tokens.
+    Args:
+        params: one SamplingParams for every row, or one per row.
+        in_graph: run the sampler as a ggml graph (the backend sampler) instead of on the host;
+            the two run the same chain and pick the same tokens (up to float rounding at a
+            boundary between two tokens' cumulative probabilities).
+        device: the device index (``system.devices()``) the graph runs on; implies in_graph.
+            Default: the CPU.
+        adjust: [n, V] added to the logits first (a logit bias; -inf bans a token).
+        return_probs: also return each token's probability under the distribution it was drawn
+            from (1 for greedy rows).
     """
     x = np.ascontiguousarray(logits, dtype=np.float32)
     if x.ndim != 2:
@@ -105,8 +116,28 @@ def sample_rows(logits: np.ndarray, uniforms: np.ndarray, params: SamplingParams
     if len(u) != x.shape[0]:
         raise InvalidArgumentError("one uniform per row")
     out = np.empty(x.shape[0], dtype=np.int32)
-    ffi = _lib.ffi()
-    _lib.check(_lib.lib().dspark_sample_rows(ffi.from_buffer("float[]", x), x.shape[0], x.shape[1],
-                                             ffi.from_buffer("float[]", u), params.to_c(), in_graph,
-                                             ffi.from_buffer("int32_t[]", out)))
-    return out
+    lib, ffi = _lib.lib(), _lib.ffi()
+    if isinstance(params, SamplingParams) and device is None and adjust is None and not return_probs:
+        _lib.check(lib.dspark_sample_rows(ffi.from_buffer("float[]", x), x.shape[0], x.shape[1],
+                                          ffi.from_buffer("float[]", u), params.to_c(), in_graph,
+                                          ffi.from_buffer("int32_t[]", out)))
+        return out
+    each = [params] * x.shape[0] if isinstance(params, SamplingParams) else list(params)
+    if len(each) != x.shape[0]:
+        raise InvalidArgumentError(f"{len(each)} sampling params for {x.shape[0]} rows")
+    c_params = ffi.new("struct dspark_sampling_params[]", len(each))
+    for i, sp in enumerate(each):
+        c_params[i] = sp.to_c()[0]
+    adj = ffi.NULL
+    if adjust is not None:
+        a = np.ascontiguousarray(adjust, dtype=np.float32)
+        if a.shape != x.shape:
+            raise InvalidArgumentError(f"adjust must have the logits' shape {x.shape}, got {a.shape}")
+        adj = ffi.from_buffer("float[]", a)
+    if device is None:
+        device = next(d.index for d in devices() if d.type == "cpu") if in_graph else -1
+    probs = np.empty(x.shape[0], dtype=np.float32)
+    _lib.check(lib.dspark_sample_rows_each(ffi.from_buffer("float[]", x), x.shape[0], x.shape[1],
+                                           ffi.from_buffer("float[]", u), c_params, adj, device,
+                                           ffi.from_buffer("int32_t[]", out), ffi.from_buffer("float[]", probs)))
+    return (out, probs) if return_probs else out

@@ -89,80 +89,23 @@ static ggml_tensor * to_target_ids(ggml_context * ctx, ggml_tensor * ids, ggml_t
     return ggml_reshape_1d(ctx, t, t->ne[1]);
 }
 
-// One pick per column of logits [Vd, n]: the argmax where greedy is 1, elsewhere an inverse-CDF
-// draw from softmax(logits · inv_temp) at the column's uniform u: the first candidate whose
-// cumulative probability reaches u times the total (the total, not 1, so rounding can never pick a
-// candidate of probability 0). u, inv_temp, greedy: F32 [1, n]. Returns draft ids I32 [n] and, in
-// *prob, each pick's probability under the distribution it was drawn from [1, n].
-static ggml_tensor * sample_columns(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u, ggml_tensor * inv_temp,
-                                    ggml_tensor * greedy, ggml_tensor ** prob) {
-    const int64_t Vd = logits->ne[0], n = logits->ne[1];
-    ggml_tensor * probs = ggml_soft_max(ctx, ggml_mul(ctx, logits, inv_temp));            // [Vd, n]
-    ggml_tensor * cum = ggml_cumsum(ctx, probs);
-    ggml_tensor * total = ggml_cont(ctx, ggml_view_2d(ctx, cum, 1, n, cum->nb[1], (Vd - 1) * ggml_element_size(cum)));
-    ggml_tensor * draw = ggml_mul(ctx, u, total);                                           // [1, n]
-    ggml_tensor * drawn = ggml_sum_rows(ctx, ggml_step(ctx, ggml_neg(ctx, ggml_sub(ctx, cum, draw))));  // candidates before it
-    ggml_tensor * index = ggml_reshape_2d(ctx, ggml_arange(ctx, 0.0f, (float) Vd, 1.0f), 1, Vd);
-    ggml_tensor * best = ggml_get_rows(ctx, index, ggml_argmax(ctx, logits));              // [1, n] as a number
-    ggml_tensor * pick = ggml_add(ctx, drawn, ggml_mul(ctx, greedy, ggml_sub(ctx, best, drawn)));
-    ggml_tensor * ids = ggml_reshape_1d(ctx, ggml_cast(ctx, pick, GGML_TYPE_I32), n);
-    *prob = dspark_gather_cols(ctx, probs, ggml_reshape_2d(ctx, ids, 1, n));                // [1, n]
-    ggml_set_output(*prob);
-    return ids;
-}
-
-// The token a slot proposes, argmax or drawn (io.uniform set); u / inv_temp / greedy as above.
-static ggml_tensor * pick_tokens(dflash_block_graph & io, ggml_context * ctx, ggml_tensor * logits, ggml_tensor * u,
-                                 ggml_tensor * inv_temp, ggml_tensor * greedy) {
-    if (!io.uniform) {
+// The token each column of logits [Vd, n] proposes: the argmax, or the sequence's sampler chain
+// (dspark-sampler.h) with the columns' inputs [DSPARK_SAMPLER_N_INPUTS, n] when sampling. Sampling
+// also gives each pick's probability (the q of rejection sampling) and, for want_logits, the
+// logits as the chain's filters left them (what q is read from on a rejection).
+static ggml_tensor * pick_tokens(dflash_block_graph & io, const dflash_pick & pick, ggml_context * ctx, ggml_tensor * logits,
+                                 ggml_tensor * inputs, bool want_logits, ggml_tensor ** picked_from) {
+    *picked_from = logits;
+    if (!io.sampler) {
         return ggml_argmax(ctx, logits);
     }
-    ggml_tensor * prob = nullptr;
-    ggml_tensor * ids = sample_columns(ctx, logits, u, inv_temp, greedy, &prob);
-    io.prob_out.push_back(prob);
-    return ids;
-}
-
-// ---- sampler filters ----------------------------------------------------------------------------
-
-void dflash_filter_row(float out[3], int top_k, float top_p, float min_p, int n_vocab_draft) {
-    out[0] = (float) ((top_k > 0 && top_k < n_vocab_draft ? top_k : n_vocab_draft) - 1);
-    out[1] = top_p < 1.0f ? top_p : 2.0f;
-    out[2] = min_p > 0.0f ? logf(min_p) : -1e30f;
-}
-
-static ggml_tensor * filter_row(ggml_context * ctx, ggml_tensor * f, int i) {
-    return ggml_cont(ctx, ggml_view_2d(ctx, f, 1, f->ne[1], f->nb[1], i * ggml_element_size(f)));
-}
-
-static ggml_tensor * max_of(ggml_context * ctx, ggml_tensor * a, ggml_tensor * b) {
-    return ggml_add(ctx, a, ggml_relu(ctx, ggml_sub(ctx, b, a)));
-}
-
-// Each column's sampler filters on logits [Vd, n], as the target's chain defines them (top-k, then
-// top-p and min-p on the softmax at temperature 1 of the top-k), applied as one threshold per
-// column: logits below it drop to -1e30. filt [3, n] holds the columns' dflash_filter_row values.
-// A threshold keeps ties with the last kept candidate; q is read from the result, so the host's
-// acceptance test sees exactly what was sampled.
-static ggml_tensor * filter_logits(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * filt) {
-    ggml_tensor * last_k = ggml_cast(ctx, filter_row(ctx, filt, 0), GGML_TYPE_I32);  // [1, n]
-    ggml_tensor * top_p  = filter_row(ctx, filt, 1);
-    ggml_tensor * log_mp = filter_row(ctx, filt, 2);
-    ggml_tensor * sorted = dspark_gather_cols(ctx, logits, ggml_argsort(ctx, logits, GGML_SORT_ORDER_DESC));
-    ggml_tensor * probs  = ggml_soft_max(ctx, sorted);
-    ggml_tensor * cum    = ggml_cumsum(ctx, probs);
-    ggml_tensor * before = ggml_sub(ctx, cum, probs);                       // mass before each candidate
-    ggml_tensor * mass_k = dspark_gather_cols(ctx, cum, last_k);            // [1, n]: the top-k's mass
-    ggml_tensor * keep_p = ggml_step(ctx, ggml_add(ctx, ggml_neg(ctx, before), ggml_mul(ctx, top_p, mass_k)));
-    // the last candidate top-p keeps; clamped, so that NaN logits (a broken file) cannot index out of range
-    ggml_tensor * n_p = ggml_clamp(ctx, ggml_scale_bias(ctx, ggml_sum_rows(ctx, keep_p), 1.0f, -1.0f), 0.0f,
-                                   (float) (logits->ne[0] - 1));
-    ggml_tensor * thr    = dspark_gather_cols(ctx, sorted, last_k);
-    thr = max_of(ctx, thr, dspark_gather_cols(ctx, sorted, ggml_cast(ctx, n_p, GGML_TYPE_I32)));
-    ggml_tensor * top = ggml_cont(ctx, ggml_view_2d(ctx, sorted, 1, sorted->ne[1], sorted->nb[1], 0));
-    thr = max_of(ctx, thr, ggml_add(ctx, top, log_mp));                     // min_p: l >= l_max + log min_p
-    ggml_tensor * drop = ggml_step(ctx, ggml_neg(ctx, ggml_sub(ctx, logits, thr)));  // 1 below the threshold
-    return ggml_add(ctx, logits, ggml_scale(ctx, drop, -1e30f));
+    dspark_sampler_graph s = dspark_build_sampler(ctx, logits, pick.sampler, inputs, want_logits);
+    ggml_set_output(s.prob);
+    io.prob_out.push_back(s.prob);
+    if (want_logits) {
+        *picked_from = s.logits;
+    }
+    return s.tokens;
 }
 
 // What W2 multiplies for one slot, from e = W1[prev] [R, n_blocks], the slot's final hidden state
@@ -248,10 +191,11 @@ static ggml_tensor * stack_slots(ggml_context * ctx, const std::vector<ggml_tens
 // prev becomes the token picked from the biased logits. prev starts at each block's anchor, read
 // as a strided view of the token input. With top_k > 0 (argmax drafting) the bias goes to each
 // slot's top-k base candidates only (vLLM's dspark_draft_topk): k rows of W2 per slot instead of
-// all. Returns the biased logits (when asked for, top_k 0 only) [Vd, P·n_blocks].
+// all. Returns the biased logits (when asked for, top_k 0 only; filtered by the samplers when
+// sampling) [Vd, P·n_blocks].
 static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m, dflash_block_graph & io,
-                                  ggml_tensor * logits, ggml_tensor * hid, ggml_tensor * d2t_i32, int P, int n_blocks,
-                                  int block_len, bool want_logits, int top_k) {
+                                  const dflash_pick & pick, ggml_tensor * logits, ggml_tensor * hid, ggml_tensor * d2t_i32, int P,
+                                  int n_blocks, int block_len, bool want_logits, int top_k) {
     ggml_context * ctx = g.ctx;
     ggml_tensor * cand = top_k > 0 ? ggml_top_k(ctx, logits, top_k) : nullptr;        // I32 [K, P·n_blocks]
     ggml_tensor * cand_logits = cand ? dspark_gather_cols(ctx, logits, cand) : nullptr;  // [K, P·n_blocks]
@@ -272,13 +216,10 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
             ids = ggml_reshape_1d(ctx, dspark_gather_cols(ctx, cj, ggml_reshape_2d(ctx, local, 1, n_blocks)), n_blocks);
         } else {
             ggml_tensor * biased = ggml_add(ctx, slot_view(ctx, logits, j, P, n_blocks), g.mm(m.markov_w2, r, m.markov_w2_s));
-            if (io.filter) {
-                biased = filter_logits(ctx, biased, ggml_cont(ctx, slot_view(ctx, io.filter, j, P, n_blocks)));
-            }
-            ggml_tensor * u = io.uniform ? ggml_cont(ctx, ggml_view_2d(ctx, io.uniform, 1, n_blocks, ggml_element_size(io.uniform),
-                                                                         io.uniform->nb[1] * j)) : nullptr;
-            ids = pick_tokens(io, ctx, biased, u, io.inv_temp, io.greedy);
-            biased_slots.push_back(biased);
+            ggml_tensor * inputs = io.sampler ? ggml_cont(ctx, slot_view(ctx, io.sampler, j, P, n_blocks)) : nullptr;
+            ggml_tensor * picked_from = nullptr;
+            ids = pick_tokens(io, pick, ctx, biased, inputs, want_logits, &picked_from);
+            biased_slots.push_back(picked_from);
         }
         ggml_tensor * tok = to_target_ids(ctx, ids, d2t_i32);  // [n_blocks]
         ggml_set_output(tok);
@@ -314,13 +255,8 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
     if (hp.n_swa > 0) {
         io.mask_swa = dspark_graph_input(ctx, GGML_TYPE_F16, n_kv, n_tok, "inp_block_mask_swa");
     }
-    if (pick.sample) {
-        io.uniform  = dspark_graph_input(ctx, GGML_TYPE_F32, n_blocks, P, "inp_draft_uniform");
-        io.inv_temp = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_blocks, "inp_draft_inv_temp");
-        io.greedy   = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_blocks, "inp_draft_greedy");
-        if (pick.filter) {
-            io.filter = dspark_graph_input(ctx, GGML_TYPE_F32, 3, (int64_t) P * n_blocks, "inp_filter");
-        }
+    if (pick.sampler.sample) {
+        io.sampler = dspark_graph_input(ctx, GGML_TYPE_F32, DSPARK_SAMPLER_N_INPUTS, (int64_t) P * n_blocks, "inp_draft_sampler");
     }
 
     ggml_tensor * x = ggml_get_rows(ctx, m.tok_embd, io.tokens);  // [E, n_tok]
@@ -342,25 +278,14 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
 
     const int top_k = std::min<int>(pick.markov_top_k, hp.n_vocab_draft);
     if (markov) {
-        const bool restricted = top_k > 0 && !pick.sample && !want_logits;  // argmax drafting only
-        logits = markov_chain(g, m, io, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits, restricted ? top_k : 0);
+        const bool restricted = top_k > 0 && !io.sampler && !want_logits;  // argmax drafting only
+        logits = markov_chain(g, m, io, pick, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits, restricted ? top_k : 0);
     } else {
-        if (io.filter) {
-            logits = filter_logits(ctx, logits, io.filter);
-        }
-        // columns are block-major (b·P + j): the draws transposed to match, the per-block values repeated
-        ggml_tensor * u = nullptr, * inv_temp = nullptr, * greedy = nullptr;
-        if (io.uniform) {
-            const int64_t n = (int64_t) P * n_blocks;
-            u = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_transpose(ctx, io.uniform)), 1, n);
-            auto per_slot = [&](ggml_tensor * t) {
-                ggml_tensor * shape = ggml_new_tensor_3d(ctx, GGML_TYPE_F32, 1, P, n_blocks);
-                return ggml_reshape_2d(ctx, ggml_repeat(ctx, ggml_reshape_3d(ctx, t, 1, 1, n_blocks), shape), 1, n);
-            };
-            inv_temp = per_slot(io.inv_temp);
-            greedy = per_slot(io.greedy);
-        }
-        ggml_tensor * tok = to_target_ids(ctx, pick_tokens(io, ctx, logits, u, inv_temp, greedy), d2t_i32);  // [P·n_blocks]
+        // every slot of every block at once: columns block-major (b·P + j), as the sampler's inputs
+        ggml_tensor * picked_from = nullptr;
+        ggml_tensor * ids = pick_tokens(io, pick, ctx, logits, io.sampler, want_logits, &picked_from);
+        logits = picked_from;
+        ggml_tensor * tok = to_target_ids(ctx, ids, d2t_i32);  // [P·n_blocks]
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
     }

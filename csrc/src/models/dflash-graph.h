@@ -3,6 +3,7 @@
 #pragma once
 
 #include "dspark-graph.h"
+#include "dspark-sampler.h"
 #include "models/dflash.h"
 
 #include <vector>
@@ -20,13 +21,10 @@ dflash_inject_graph build_dflash_inject(const dspark_graph & g, const dflash_mod
 
 // How drafted tokens are picked from each slot's (biased) logits.
 struct dflash_pick {
-    // false: argmax; true: each slot of each block drawn in-graph from softmax(logits / T_block)
-    // by inverse CDF at one uniform per slot (inputs uniform, inv_temp, greedy); blocks whose
-    // greedy flag is set take the argmax. Each block samples at its own temperature.
-    bool  sample       = false;
-    // with sample: each block's own sampler filters (top-k, top-p, min-p) cut its logits first
-    // (input `filter`); the logits returned are the filtered ones, which q must be taken from
-    bool  filter       = false;
+    // sample: each slot of each block drawn in-graph by its sequence's sampler chain
+    // (dspark-sampler.h; input `sampler`, one column per slot), a sampler of this shape; blocks
+    // whose sampler is greedy take the argmax. sampler.sample false: argmax drafting.
+    dspark_sampler_shape sampler;
     int   markov_top_k = 0;      // > 0 (argmax only): add the Markov bias to each slot's top-k base
                                  // candidates only, instead of the whole vocabulary (vLLM's
                                  // dspark_draft_topk): reads k rows of W2 per slot instead of all
@@ -41,22 +39,16 @@ struct dflash_block_graph {
     ggml_tensor * kv_idx   = nullptr;  // I64 [B·n_blocks]
     ggml_tensor * mask     = nullptr;  // F16 [n_kv, B·n_blocks]
     ggml_tensor * mask_swa = nullptr;  // F16 [n_kv, B·n_blocks], sliding-window layers only
-    ggml_tensor * uniform  = nullptr;  // F32 [n_blocks, P] when sampling: slot j's draws in row j, in (0, 1)
-    ggml_tensor * inv_temp = nullptr;  // F32 [1, n_blocks] 1 / temperature of each block (1 for greedy ones)
-    ggml_tensor * greedy   = nullptr;  // F32 [1, n_blocks] 1 = argmax, 0 = sample
-    ggml_tensor * filter   = nullptr;  // F32 [3, P·n_blocks] per slot, block-major: (sorted index of the
-                                       // top-k's last, top_p, log min_p); see dflash_filter_row
+    ggml_tensor * sampler  = nullptr;  // F32 [DSPARK_SAMPLER_N_INPUTS, P·n_blocks] when sampling: each slot's
+                                       // sampler inputs (its block's sampler, its own uniform), block-major
     // outputs
     std::vector<ggml_tensor *> tokens_out;  // per predicting slot: I32 [n_blocks], target ids
     std::vector<ggml_tensor *> conf_out;    // per predicting slot: F32 [1, n_blocks] (confidence head)
     std::vector<ggml_tensor *> prob_out;    // as tokens_out when sampling: F32 [1, ...] probability of each
                                             // drafted token under the distribution it was drawn from
-    ggml_tensor * logits = nullptr;         // F32 [V, P·n_blocks] when asked for (full vocabulary)
+    ggml_tensor * logits = nullptr;         // F32 [V, P·n_blocks] when asked for (full vocabulary; when
+                                            // sampling, as the samplers' filters left them)
 };
-
-// One slot's filter values for a sampler over Vd draft tokens: top_k off = Vd, top_p off = 2
-// (never reached), min_p off = log 0 ~ -1e30.
-void dflash_filter_row(float out[3], int top_k, float top_p, float min_p, int n_vocab_draft);
 
 dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model & m, const dspark_kv_cache & kv,
                                       ggml_tensor * d2t_i32, int n_blocks, int block_len, int n_kv, bool flash,

@@ -74,7 +74,7 @@ static ggml_tensor * decoder_layer(const target_layer_io & c, int il, ggml_tenso
 
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
-                                bool flash_attn, const std::vector<target_sampling_group> * sampling) {
+                                bool flash_attn, const dspark_sampler_shape * sampling) {
     ggml_context * ctx = g.ctx;
     target_graph io;
     io.tokens = dspark_graph_input(ctx, GGML_TYPE_I32, n_tokens, 0, "inp_tokens");
@@ -124,30 +124,17 @@ target_graph build_target_graph(const dspark_graph & g, const target_model & m, 
         io.logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, io.logits, 1.0f / hp.logit_softcap)), hp.logit_softcap);
     }
     ggml_set_name(io.logits, "logits");
-    if (sampling && !sampling->empty()) {
-        // only the sampled ids leave the backend
-        io.uniforms = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_outputs, "inp_uniforms");
-        for (const target_sampling_group & sg : *sampling) {
-            if (sg.probe && !io.probe) {
-                io.probe = dspark_graph_input(ctx, GGML_TYPE_F32, 1, n_outputs, "inp_probe");
-                ggml_set_output(io.logits);  // kept on the backend: a rejection reads one row back
+    if (sampling) {
+        // only the sampled ids (and probabilities) leave the backend
+        io.sampler = dspark_build_sampler(ctx, io.logits, *sampling);
+        for (ggml_tensor * t : {io.sampler.tokens, io.sampler.probed}) {
+            if (t) {
+                ggml_set_output(t);
+                g.expand(t);
             }
         }
-        for (const target_sampling_group & sg : *sampling) {
-            ggml_tensor * rows = ggml_view_2d(ctx, io.logits, io.logits->ne[0], sg.count, io.logits->nb[1], io.logits->nb[1] * sg.begin);
-            ggml_tensor * u = ggml_view_2d(ctx, io.uniforms, 1, sg.count, io.uniforms->nb[1], io.uniforms->nb[1] * sg.begin);
-            ggml_tensor * probe = sg.probe ? ggml_view_2d(ctx, io.probe, 1, sg.count, io.probe->nb[1], io.probe->nb[1] * sg.begin)
-                                           : nullptr;
-            ggml_tensor * prob = nullptr;
-            ggml_tensor * ids = dspark_build_sampler(ctx, rows, u, sg.params, probe, &prob);
-            ggml_set_output(ids);
-            g.expand(ids);
-            io.sampled.push_back(ids);
-            if (prob) {
-                ggml_set_output(prob);
-                g.expand(prob);
-            }
-            io.probed.push_back(prob);
+        if (sampling->probe) {
+            ggml_set_output(io.logits);  // kept on the backend: a rejection reads one row back
         }
         return io;
     }

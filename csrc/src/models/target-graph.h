@@ -18,23 +18,8 @@ struct target_graph {
     // outputs
     ggml_tensor * logits   = nullptr; // [V, n_outputs]
     ggml_tensor * captured = nullptr; // [len(capture)·E, T]: residual stream entering each layer id
-    // in-graph sampling (backend sampling)
-    ggml_tensor * uniforms = nullptr;        // F32 [1, n_outputs]
-    ggml_tensor * probe    = nullptr;        // F32 [1, n_outputs] token ids as numbers, when a group probes
-    std::vector<ggml_tensor *> sampled;      // I32 per sampling group, in output-row order
-    std::vector<ggml_tensor *> probed;       // F32 [1, count] per probing group (null for the others)
-};
-
-// Output rows [begin, begin+count) sampled in-graph with one set of parameters.
-struct target_sampling_group {
-    int begin = 0, count = 0;
-    dspark_sampler_params params;
-    bool probe = false;  // also the chain's probability of each row's probe token (rejection sampling)
-
-    bool operator==(const target_sampling_group & o) const {
-        return begin == o.begin && count == o.count && probe == o.probe && params.temperature == o.params.temperature &&
-               params.top_k == o.params.top_k && params.top_p == o.params.top_p && params.min_p == o.params.min_p;
-    }
+    // in-graph sampling (backend sampling): every output row, each with its own sampler
+    dspark_sampler_graph sampler;
 };
 
 // What a target graph is built for: a graph built for one key runs every batch of that key (only
@@ -42,11 +27,12 @@ struct target_sampling_group {
 struct target_graph_key {
     int n_tokens = 0, n_outputs = 0, n_kv = 0;
     std::vector<int32_t> capture;
-    std::vector<target_sampling_group> sampling;
+    bool sampled = false;          // the output rows sampled in the graph, by a sampler of this shape
+    dspark_sampler_shape sampler;
 
     bool operator==(const target_graph_key & o) const {
         return n_tokens == o.n_tokens && n_outputs == o.n_outputs && n_kv == o.n_kv && capture == o.capture &&
-               sampling == o.sampling;
+               sampled == o.sampled && sampler == o.sampler;
     }
 };
 
@@ -73,4 +59,4 @@ ggml_tensor * dspark_gemma4_layer(const target_layer_io & c, int il, ggml_tensor
 
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
-                                bool flash_attn, const std::vector<target_sampling_group> * sampling = nullptr);
+                                bool flash_attn, const dspark_sampler_shape * sampling = nullptr);
