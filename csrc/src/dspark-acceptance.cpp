@@ -1,6 +1,125 @@
 #include "dspark-acceptance.h"
 
+#include "dspark-context.h"
+#include "dspark-draft.h"
+
 #include <algorithm>
+
+// ---- the rules ------------------------------------------------------------------------------------
+
+float dspark_verify_block::bonus_uniform(std::mt19937_64 & aux) {
+    if (bonus_u < 0.0f) {
+        bonus_u = (float) std::uniform_real_distribution<double>(0.0, 1.0)(aux);
+    }
+    return bonus_u;
+}
+
+std::vector<dspark_token> dspark_acceptor::greedy_chain(const dspark_verify_block & b, const dspark_sampler_params & sp,
+                                                        const dspark_rng & rng) const {
+    const int k = (int) b.draft.size();
+    const int V = tgt.hp().n_vocab;
+    const std::vector<float> u = sp.greedy() ? std::vector<float>(k + 1, 0.0f) : rng.peek(k + 1);
+    std::vector<dspark_token> out;
+    for (int j = 0; j <= k; ++j) {
+        const dspark_token t = tgt.has_sampled ? tgt.sampled[b.row + j]
+                                               : dspark_sample_host(tgt.logits.data() + (size_t) (b.row + j) * V, V, sp, u[j]);
+        out.push_back(t);
+        if (j == k || t != b.draft[j]) {
+            break;
+        }
+    }
+    return out;
+}
+
+// q of draft slot j of block b at temperature T over the target vocabulary, from its (filtered,
+// Markov-biased) logits: softmax(l / T), 0 where the logits are -inf (unreachable ids).
+void dspark_acceptor::draft_q_row(int block, int slot, float T, std::vector<float> & q) const {
+    q.resize(dft->hp().n_vocab);
+    dft->logits_row(block, slot, q.data());
+    dspark_softmax(q, 1.0f / T);
+}
+
+// The target's sampling distribution of verify row `row` over the vocabulary (read back first
+// when the verify ran in-graph).
+void dspark_acceptor::target_p_row(int row, const dspark_sampler_params & sp, std::vector<float> & pd) const {
+    const int V = tgt.hp().n_vocab;
+    std::vector<float> kept;
+    const float * logits = tgt.logits.data() + (size_t) row * V;
+    if (tgt.has_sampled) {
+        kept.resize(V);
+        tgt.logits_row(row, kept.data());
+        logits = kept.data();
+    }
+    dspark_distribution dist;
+    dspark_sampler_distribution(logits, V, sp, dist);
+    if (!sp.sorts(V)) {  // every token a candidate, in vocabulary order: the probabilities are the row
+        pd.swap(dist.probs);
+        return;
+    }
+    pd.assign(V, 0.0f);
+    for (size_t c = 0; c < dist.ids.size(); ++c) {
+        pd[dist.ids[c]] = dist.probs[c];
+    }
+}
+
+// q came with the draw; p from the verify graph, or from the logits on the host. A rejection is
+// the only place whole rows are needed: one of p and one of q.
+std::vector<dspark_token> dspark_acceptor::rejection(dspark_verify_block & b, const dspark_sampler_params & sp,
+                                                     std::mt19937_64 & aux) const {
+    const int k = (int) b.draft.size();
+    const int V = tgt.hp().n_vocab;
+    std::uniform_real_distribution<double> unif(0.0, 1.0);
+    const float u_bonus = b.bonus_uniform(aux);
+    std::vector<dspark_token> out;
+    std::vector<float> pd, q;
+    for (int j = 0; j < k; ++j) {
+        const dspark_token x = b.draft[j];
+        float px;
+        if (tgt.has_sampled) {
+            px = tgt.probed[b.row + j];
+        } else {
+            target_p_row(b.row + j, sp, pd);
+            px = pd[x];
+        }
+        if (unif(aux) * b.q[j] < px) {
+            out.push_back(x);
+            continue;
+        }
+        if (tgt.has_sampled) {
+            target_p_row(b.row + j, sp, pd);
+        }
+        draft_q_row(b.draft_block, j, sp.temperature, q);
+        double wsum = 0.0;
+        for (int v = 0; v < V; ++v) {
+            wsum += std::max(0.0f, pd[v] - q[v]);
+        }
+        const double u = unif(aux) * wsum;
+        double cum = 0.0;
+        dspark_token t = x;
+        if (wsum > 0.0) {
+            for (int v = 0; v < V; ++v) {
+                cum += std::max(0.0f, pd[v] - q[v]);
+                if (u < cum) {
+                    t = v;
+                    break;
+                }
+            }
+        } else {  // p == q up to rounding (a rejection then has probability ~0): p's top token
+            t = (dspark_token) (std::max_element(pd.begin(), pd.end()) - pd.begin());
+        }
+        out.push_back(t);
+        return out;
+    }
+    // all drafts accepted: the bonus token, a draw of p at the last row
+    if (tgt.has_sampled) {
+        out.push_back(tgt.sampled[b.row + k]);
+    } else {
+        out.push_back(dspark_sample_host(tgt.logits.data() + (size_t) (b.row + k) * V, V, sp, u_bonus));
+    }
+    return out;
+}
+
+// ---- running acceptance -----------------------------------------------------------------------------
 
 // Old blocks fade: acceptance changes along a text (boilerplate, then prose), and a schedule that
 // follows the last few dozen steps reacts within a request of a few hundred tokens.

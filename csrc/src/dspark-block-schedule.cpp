@@ -1,6 +1,11 @@
 #include "dspark-block-schedule.h"
 
+#include "dspark-context.h"
+#include "dspark-draft.h"
+#include "dspark-impl.h"
+
 #include <algorithm>
+#include <chrono>
 
 // Now and then the schedule runs another length once: that keeps the costs and the acceptance of
 // the lengths around its best measured, so a change (a longer cache, other requests, another
@@ -130,4 +135,125 @@ int dspark_block_schedule::explore(int best, int n_min) {
     }
     const bool up = (phase == 2 && longer <= n_max) || best == 0;
     return up ? (longer <= n_max ? longer : best) : shorter;
+}
+
+// ---- calibration ----------------------------------------------------------------------------------
+
+template <typename F>
+static double time_ms(F && f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void dspark_block_schedule::calibrate(dspark_context & tgt, dspark_draft_context & dft, int n_max_, int markov_top_k) {
+    const int B = n_max_ + 1;  // a verify block
+    const int n_seq = (int) tgt.params.n_seq_max;
+    const int max_b = (int) std::min<uint32_t>(tgt.params.n_batch, (uint32_t) (n_seq * B));
+    if (tgt.kv.n_used() > 0 || dft.kv.n_used() > 0 || (uint32_t) max_b > tgt.params.n_ctx ||
+        (uint32_t) (2 * n_max_ + 2) > dft.params.n_ctx) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the adaptive and confidence schedules calibrate on empty contexts "
+                     "(create the engine before adding sequences)");
+    }
+    init(n_max_);
+
+    // verify batches as steps lay them out: blocks of n_max + 1 rows, one sequence each
+    std::vector<dspark_token> tok(max_b, 0);
+    std::vector<dspark_pos> pos(max_b);
+    std::vector<dspark_seq_id> seq(max_b);
+    std::vector<int8_t> out(max_b, 1);
+    for (int i = 0; i < max_b; ++i) {
+        seq[i] = i / B;
+        pos[i] = i % B;
+    }
+    verify.calibrate(max_b, [&](int b) {
+        const dspark_batch batch = {b, tok.data(), pos.data(), seq.data(), out.data()};
+        const double ms = time_ms([&] { tgt.decode(batch); });
+        tgt.kv.seq_rm(-1, 0, -1);
+        return ms;
+    });
+
+    // proposals of k tokens for m sequences, each after injecting k + 1 rows (what a step that
+    // accepted everything injects: the graph shape steps run)
+    const int width = dft.hp().feature_width();
+    std::vector<dspark_seq_id> ids(n_seq);
+    for (int s = 0; s < n_seq; ++s) {
+        ids[s] = s;
+    }
+    const std::vector<dspark_token> anchors(n_seq, 0);
+    for (int k = 1; k <= n_max_; ++k) {
+        const std::vector<float> feat((size_t) n_seq * (k + 1) * width, 0.0f);
+        const std::vector<dspark_pos> pos0(n_seq, k + 1);
+        std::vector<dspark_pos> inj_pos;
+        std::vector<dspark_seq_id> inj_seq;
+        for (int s = 0; s < n_seq; ++s) {
+            for (int j = 0; j <= k; ++j) {
+                inj_pos.push_back(j);
+                inj_seq.push_back(s);
+            }
+        }
+        draft[k].calibrate(n_seq, [&](int m) {
+            dspark_propose_request r;
+            r.n_seqs = m;
+            r.anchors = anchors.data();
+            r.pos0 = pos0.data();
+            r.seq_ids = ids.data();
+            r.n_draft = k;
+            r.markov_top_k = markov_top_k;
+            r.n_inject = m * (k + 1);
+            r.inject_features = feat.data();
+            r.inject_pos = inj_pos.data();
+            r.inject_seq = inj_seq.data();
+            const double ms = time_ms([&] { dft.propose(r); });
+            dft.kv.seq_rm(-1, 0, -1);
+            return ms;
+        });
+    }
+}
+
+// ---- the confidence schedule ----------------------------------------------------------------------
+
+// Order the drafted positions by their prefix survival probability (the product of confidences up
+// to them) and verify the prefix of that order with the most expected emitted tokens per verify
+// time. The whole order is scanned, not stopped at the first position that does not pay: verify
+// time is not smooth in the batch size (kernels change with it), and a step up in cost can be
+// followed by many positions that pay for it.
+void dspark_block_schedule::cut_by_confidence(const std::vector<dspark_verify_block *> & blocks) const {
+    const size_t n_seq = blocks.size();
+    std::vector<std::vector<double>> surv(n_seq);
+    for (size_t i = 0; i < n_seq; ++i) {
+        double prod = 1.0;
+        for (float c : blocks[i]->conf) {
+            prod *= c;
+            surv[i].push_back(prod);
+        }
+    }
+    std::vector<size_t> n(n_seq, 0);
+    double expected = (double) n_seq;  // every sequence emits at least the target's token
+    int batch = (int) n_seq;
+    double best_rate = expected / verify.at(batch, now());
+    std::vector<size_t> best_n = n;
+    for (;;) {
+        size_t best = n_seq;
+        for (size_t i = 0; i < n_seq; ++i) {
+            if (n[i] < surv[i].size() && (best == n_seq || surv[i][n[i]] > surv[best][n[best]])) {
+                best = i;
+            }
+        }
+        if (best == n_seq) {
+            break;
+        }
+        expected += surv[best][n[best]];
+        batch++;
+        n[best]++;
+        const double r = expected / verify.at(batch, now());
+        if (r > best_rate) {
+            best_rate = r;
+            best_n = n;
+        }
+    }
+    for (size_t i = 0; i < n_seq; ++i) {
+        blocks[i]->draft.resize(best_n[i]);
+        blocks[i]->conf.resize(best_n[i]);
+    }
 }

@@ -12,12 +12,24 @@
 
 #include <vector>
 
+struct dspark_context;
+struct dspark_draft_context;
+
 struct dspark_block_schedule {
     dspark_cost_curve              verify;  // by verify tokens
     std::vector<dspark_cost_curve> draft;   // [K] by drafting sequences (K = 1 .. n_max)
     dspark_acceptance              accept;  // engine-wide, the prior of each sequence's own
 
     void init(int n_max);  // then the curves' own init
+    // init, and the curves' shapes timed on the (empty) caches of the engine's contexts: the
+    // target's verify at a few batch sizes (blocks of n_max + 1 rows, one sequence each), and the
+    // draft's proposal of each block length at a few sequence counts. What steps measure later
+    // overrides and rescales them (the caches grow; other work shares the machine). Throws when a
+    // cache is not empty or too small.
+    void calibrate(dspark_context & tgt, dspark_draft_context & dft, int n_max, int markov_top_k);
+    // DSpark's hardware-aware prefix scheduler (the confidence schedule): cut each sequence's
+    // drafted block (draft and conf) to the prefix worth verifying, from the confidences.
+    void cut_by_confidence(const std::vector<dspark_verify_block *> & blocks) const;
     // One K in 0 .. n_max for sequences whose own acceptance is `seqs` and draft budgets `budget`
     // (a sequence drafts min(K, its budget) tokens); K below n_min is no draft.
     int choose(const std::vector<const dspark_acceptance *> & seqs, const std::vector<int> & budget, int n_min);

@@ -31,6 +31,24 @@ void dspark_cost_curve::init(int max_size, const std::vector<int> & sizes, const
     }
 }
 
+void dspark_cost_curve::calibrate(int max_size, const std::function<double(int)> & time_ms) {
+    std::vector<int> sizes;
+    for (int x = 1; x < max_size; x = x < 4 ? x + 1 : (x * 3 + 1) / 2) {
+        sizes.push_back(x);
+    }
+    sizes.push_back(max_size);
+    std::vector<double> ms;
+    for (int size : sizes) {
+        double t[3];
+        for (double & ti : t) {
+            ti = time_ms(size);
+        }
+        std::sort(t, t + 3);
+        ms.push_back(t[1]);
+    }
+    init(max_size, sizes, ms);
+}
+
 void dspark_cost_curve::observe(int size, double ms, uint64_t now) {
     if (size < 1 || size >= (int) prior.size() || !(ms > 0.0)) {
         return;

@@ -5,11 +5,16 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 struct dspark_cost_curve {
     // Sizes 1 .. max_size; the calibrated points in between are joined by straight lines.
     void init(int max_size, const std::vector<int> & sizes, const std::vector<double> & ms);
+    // init from timings: time_ms(size) runs the computation once at that size and returns its
+    // milliseconds; each of a few sizes up to max_size (every one to 4, then about 1.5x apart, and
+    // max_size itself) takes the median of three runs.
+    void calibrate(int max_size, const std::function<double(int)> & time_ms);
     // A measured time of a computation of this size at step `now` (the caller's clock: a curve
     // whose sizes are not run for a while must see its measurements age).
     void observe(int size, double ms, uint64_t now);

@@ -3,14 +3,12 @@
 #include "dspark-impl.h"
 
 #include <algorithm>
-#include <cmath>
 
 using clock_type = std::chrono::steady_clock;
 
 static double ms_since(clock_type::time_point t0) {
     return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
 }
-
 
 int32_t dspark_clamp_n_draft(const dflash_hparams & dh, int32_t n_max) {
     // what the layout can propose: block_size (anchor-first DSpark) or block_size - 1; 0 = all of it
@@ -97,108 +95,8 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
     }
     tgt.set_capture(dh.target_layers);
     if (costed()) {
-        calibrate_costs();
+        blocks.calibrate(tgt, *dft, n_draft, params.markov_top_k);
     }
-}
-
-// Sizes to calibrate at up to n: every one to 4, then about 1.5x apart, and n itself; the curve
-// joins them by straight lines.
-static std::vector<int> calibration_sizes(int n) {
-    std::vector<int> sizes;
-    for (int x = 1; x < n; x = x < 4 ? x + 1 : (x * 3 + 1) / 2) {
-        sizes.push_back(x);
-    }
-    sizes.push_back(n);
-    return sizes;
-}
-
-static double median_of_3(double t[3]) {
-    std::sort(t, t + 3);
-    return t[1];
-}
-
-// The cost curves' shapes, timed on the empty caches: the target's verify at a few batch sizes,
-// and the draft's proposal of each block length at a few sequence counts. What steps measure
-// later overrides and rescales them (the caches grow; other work shares the machine).
-void dspark_engine::calibrate_costs() {
-    const int max_b = (int) std::min<uint32_t>(tgt.params.n_batch, tgt.params.n_seq_max * (uint32_t) (n_draft + 1));
-    if (tgt.kv.n_used() > 0 || dft->kv.n_used() > 0 || (uint32_t) max_b > tgt.params.n_ctx ||
-        (uint32_t) (2 * n_draft + 2) > dft->params.n_ctx) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the adaptive and confidence schedules calibrate on empty contexts "
-                     "(create the engine before adding sequences)");
-    }
-    blocks.init(n_draft);
-    calibrate_verify(calibration_sizes(max_b));
-    const std::vector<int> seqs = calibration_sizes((int) tgt.params.n_seq_max);
-    for (int k = 1; k <= n_draft; ++k) {
-        calibrate_draft(k, seqs);
-    }
-}
-
-// Verify batches as steps lay them out: blocks of n_draft + 1 rows, one sequence each.
-void dspark_engine::calibrate_verify(const std::vector<int> & sizes) {
-    const int max_b = sizes.back();
-    std::vector<dspark_token> tok(max_b, 0);
-    std::vector<dspark_pos> pos(max_b);
-    std::vector<dspark_seq_id> seq(max_b, 0);
-    std::vector<int8_t> out(max_b, 1);
-    for (int i = 0; i < max_b; ++i) {
-        seq[i] = i / (n_draft + 1);
-        pos[i] = i % (n_draft + 1);
-    }
-    std::vector<double> ms;
-    for (int b : sizes) {
-        double t[3];
-        for (double & ti : t) {
-            dspark_batch batch = {b, tok.data(), pos.data(), seq.data(), out.data()};
-            const auto t0 = clock_type::now();
-            tgt.decode(batch);
-            ti = ms_since(t0);
-            tgt.kv.seq_rm(-1, 0, -1);
-        }
-        ms.push_back(median_of_3(t));
-    }
-    blocks.verify.init(max_b, sizes, ms);
-}
-
-// Proposals of k tokens for n sequences, each after injecting k + 1 rows (what a step that
-// accepted everything injects: the graph shape steps run).
-void dspark_engine::calibrate_draft(int k, const std::vector<int> & seqs) {
-    const int n = seqs.back(), width = dft->hp().feature_width();
-    std::vector<float> feat((size_t) n * (k + 1) * width, 0.0f);
-    std::vector<dspark_pos> inj_pos, pos0(n, k + 1);
-    std::vector<dspark_seq_id> inj_seq, ids(n);
-    std::vector<dspark_token> anchors(n, 0);
-    for (int s = 0; s < n; ++s) {
-        ids[s] = s;
-        for (int j = 0; j <= k; ++j) {
-            inj_pos.push_back(j);
-            inj_seq.push_back(s);
-        }
-    }
-    std::vector<double> ms;
-    for (int m : seqs) {
-        double t[3];
-        for (double & ti : t) {
-            dspark_propose_request r;
-            r.n_seqs = m;
-            r.anchors = anchors.data();
-            r.pos0 = pos0.data();
-            r.seq_ids = ids.data();
-            r.n_draft = k;
-            r.markov_top_k = params.markov_top_k;
-            r.n_inject = m * (k + 1);
-            r.inject_features = feat.data();
-            r.inject_pos = inj_pos.data();
-            r.inject_seq = inj_seq.data();
-            const auto t0 = clock_type::now();
-            dft->propose(r);
-            ti = ms_since(t0);
-            dft->kv.seq_rm(-1, 0, -1);
-        }
-        ms.push_back(median_of_3(t));
-    }
-    blocks.draft[k].init(n, seqs, ms);
 }
 
 // ---- sequences ------------------------------------------------------------------------------------
@@ -211,37 +109,7 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
     if (it != seqs.end() && it->second.status == DSPARK_SEQ_ACTIVE) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d is still active; remove it first", seq_id);
     }
-    if (!r.prompt || r.n_prompt < 1) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "the prompt needs at least one token");
-    }
-    for (int32_t i = 0; i < r.n_prompt; ++i) {
-        if (r.prompt[i] < 0 || r.prompt[i] >= tgt.hp().n_vocab) {
-            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "prompt token %d at index %d is outside the vocabulary (0 .. %d)",
-                         r.prompt[i], i, tgt.hp().n_vocab - 1);
-        }
-    }
-    if ((uint32_t) r.n_prompt >= tgt.params.n_ctx) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "a prompt of %d tokens does not fit in n_ctx (%u)", r.n_prompt, tgt.params.n_ctx);
-    }
-    if (r.n_stop < 0 || (r.n_stop > 0 && (!r.stop_tokens || !r.stop_lens))) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "stop sequences: need stop_tokens and stop_lens");
-    }
-    dspark_seq_state s;
-    s.id = seq_id;
-    s.sp = r.sampling ? dspark_sampler_from(*r.sampling) : dspark_sampler_params();
-    const uint32_t seed = r.sampling && r.sampling->seed != DSPARK_DEFAULT_SEED ? r.sampling->seed : std::random_device()();
-    s.rng = dspark_rng(seed);
-    s.aux.seed(((uint64_t) seed << 1) | 1u);
-    s.max_tokens = r.max_tokens;
-    for (int32_t i = 0, off = 0; i < r.n_stop; off += r.stop_lens[i++]) {
-        if (r.stop_lens[i] < 1) {
-            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "stop sequence %d is empty", i);
-        }
-        s.stops.emplace_back(r.stop_tokens + off, r.stop_tokens + off + r.stop_lens[i]);
-    }
-    s.stats = dspark_spec_stats();
-    s.stats.n_prompt = r.n_prompt;
-    s.acc = dspark_acceptance(n_draft);
+    dspark_seq_state s(seq_id, r, tgt.hp().n_vocab, tgt.params.n_ctx, n_draft);
 
     // the caches must hold nothing of this sequence
     tgt.kv.seq_rm(seq_id, 0, -1);
@@ -280,21 +148,12 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
     s.status = DSPARK_SEQ_ACTIVE;
     const dspark_token first = dspark_sample_host(tgt.logits.data(), tgt.hp().n_vocab, s.sp, s.sp.greedy() ? 0.0f : s.rng.next());
     s.stats.t_prefill_ms = ms_since(t0);
-    s.new_tokens.clear();
-    s.new_from_draft.clear();
     s.anchor = first;
-    s.new_tokens.push_back(first);
-    s.new_from_draft.push_back(0);
-    s.stats.n_generated = 1;
-    s.tail.assign(1, first);
-    seqs[seq_id] = s;
-    dspark_seq_state & st = seqs[seq_id];
-    if (finished_by(st, first)) {
-        st.new_tokens.resize(1);
-    }
+    s.emit(first, false, eog);
     total.n_prompt += r.n_prompt;
     total.n_generated += 1;
-    total.t_prefill_ms += st.stats.t_prefill_ms;
+    total.t_prefill_ms += s.stats.t_prefill_ms;
+    seqs[seq_id] = std::move(s);
 }
 
 void dspark_engine::remove(int32_t seq_id) {
@@ -307,25 +166,6 @@ void dspark_engine::remove(int32_t seq_id) {
         dft->kv.seq_rm(seq_id, 0, -1);
     }
     seqs.erase(it);
-}
-
-// Does token t end the sequence (end of generation, max_tokens, a stop sequence)? Sets the status.
-bool dspark_engine::finished_by(dspark_seq_state & s, dspark_token t) {
-    if (std::find(eog.begin(), eog.end(), t) != eog.end()) {
-        s.status = DSPARK_SEQ_EOG;
-        return true;
-    }
-    for (const auto & stop : s.stops) {
-        if (s.tail.size() >= stop.size() && std::equal(stop.begin(), stop.end(), s.tail.end() - stop.size())) {
-            s.status = DSPARK_SEQ_STOP;
-            return true;
-        }
-    }
-    if (s.max_tokens > 0 && s.stats.n_generated >= s.max_tokens) {
-        s.status = DSPARK_SEQ_MAX_TOKENS;
-        return true;
-    }
-    return false;
 }
 
 // How many draft tokens this sequence can still use: room for them plus the target's own token
@@ -479,9 +319,9 @@ dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, in
         dft->inject(inj_feat.data() + done * width, m, width, inj_pos.data() + done, inj_seq.data() + done);
         done += m;
     }
-    // Probabilistic drafting: each sampled sequence drafts at its own temperature from noise of its
-    // own stream (a greedy one at 0: argmax), so its block does not depend on its neighbours.
-    // Its top-k / top-p / min-p filter the draft's logits too: q then has the support of p.
+    // Probabilistic drafting: each sampled sequence drafts with its own sampler chain (its top-k /
+    // top-p / min-p too: q then has the support of p) from noise of its own stream (a greedy one:
+    // argmax), so its block does not depend on its neighbours.
     std::vector<dspark_sampler_params> samplers;
     std::vector<uint64_t> seeds;
     bool sampled = false;
@@ -512,8 +352,6 @@ dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, in
         plans[i].s->pending_feat.clear();
         plans[i].s->pending_pos.clear();
     }
-
-    const int V = dft->hp().n_vocab;
     for (size_t w = 0; w < which.size(); ++w) {
         plan & p = plans[which[w]];
         int k = budget[which[w]];
@@ -540,57 +378,15 @@ dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, in
         }
     }
     if (params.schedule == DSPARK_SCHEDULE_CONFIDENCE) {
-        schedule_by_confidence(plans);
+        std::vector<dspark_verify_block *> cut(plans.size());
+        std::transform(plans.begin(), plans.end(), cut.begin(), [](plan & p) { return &p; });
+        blocks.cut_by_confidence(cut);
     }
     drafted d;
     d.n_seqs = (int) which.size();
     d.block = n_block;
     d.steady = inj_pos.size() <= which.size() * (size_t) (n_block + 1);
     return d;
-}
-
-// DSpark's hardware-aware prefix scheduler: order the drafted positions by their prefix survival
-// probability (the product of confidences up to them) and verify the prefix of that order with
-// the most expected emitted tokens per verify time. The whole order is scanned, not stopped at the
-// first position that does not pay: verify time is not smooth in the batch size (kernels change
-// with it), and a step up in cost can be followed by many positions that pay for it.
-void dspark_engine::schedule_by_confidence(std::vector<plan> & plans) const {
-    std::vector<std::vector<double>> surv(plans.size());
-    for (size_t i = 0; i < plans.size(); ++i) {
-        double prod = 1.0;
-        for (float c : plans[i].conf) {
-            prod *= c;
-            surv[i].push_back(prod);
-        }
-    }
-    std::vector<size_t> n(plans.size(), 0);
-    double expected = (double) plans.size();  // every sequence emits at least the target's token
-    int batch = (int) plans.size();
-    double best_rate = expected / blocks.verify.at(batch, blocks.now());
-    std::vector<size_t> best_n = n;
-    for (;;) {
-        size_t best = plans.size();
-        for (size_t i = 0; i < plans.size(); ++i) {
-            if (n[i] < surv[i].size() && (best == plans.size() || surv[i][n[i]] > surv[best][n[best]])) {
-                best = i;
-            }
-        }
-        if (best == plans.size()) {
-            break;
-        }
-        expected += surv[best][n[best]];
-        batch++;
-        n[best]++;
-        const double r = expected / blocks.verify.at(batch, blocks.now());
-        if (r > best_rate) {
-            best_rate = r;
-            best_n = n;
-        }
-    }
-    for (size_t i = 0; i < plans.size(); ++i) {
-        plans[i].draft.resize(best_n[i]);
-        plans[i].conf.resize(best_n[i]);
-    }
 }
 
 // Verify every plan's block with the target, in as few decodes as n_batch allows: a step of many
@@ -663,14 +459,13 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
         if (!backend) {
             continue;
         }
-        if (rejection_sampled(p)) {
+        if (p.rejection_sampled()) {
             // p of each draft token in the graph; the last row samples the bonus token
             rows.probing = true;
             for (int j = 0; j < k; ++j) {
                 rows.add(p.s->sp, 0.5f, (float) p.draft[j]);
             }
-            p.bonus_u = bonus_uniform(p);
-            rows.add(p.s->sp, p.bonus_u);
+            rows.add(p.s->sp, p.bonus_uniform(p.s->aux));
         } else {
             const std::vector<float> u = p.s->rng.peek(k + 1);
             for (int j = 0; j <= k; ++j) {
@@ -697,10 +492,12 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
     } guard_draft(dft ? &dft->compute : nullptr);
     // accept per sequence; the features of committed positions wait for the next proposal
     const int width = dft ? dft->hp().feature_width() : 0;
+    const dspark_acceptor acceptor{tgt, dft};
     for (size_t i = begin; i < end; ++i) {
         plan & p = plans[i];
-        const bool rejection = rejection_sampled(p);
-        std::vector<dspark_token> emitted = rejection ? accept_rejection(p) : accept_greedy_chain(p);
+        const bool rejection = p.rejection_sampled();
+        std::vector<dspark_token> emitted = rejection ? acceptor.rejection(p, p.s->sp, p.s->aux)
+                                                      : acceptor.greedy_chain(p, p.s->sp, p.s->rng);
         if (!rejection && !p.s->sp.greedy()) {
             p.s->rng.advance((int) emitted.size());  // one committed draw per emitted token
         }
@@ -720,163 +517,21 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
     return t_verify;
 }
 
-// Sample the target row by row and keep the drafts it agrees with (llama.cpp's rule). Greedy rows
-// are argmax; sampled rows use the sequence's committed stream, one draw per row.
-std::vector<dspark_token> dspark_engine::accept_greedy_chain(plan & p) const {
-    const int k = (int) p.draft.size();
-    const int V = tgt.hp().n_vocab;
-    const std::vector<float> u = p.s->sp.greedy() ? std::vector<float>(k + 1, 0.0f) : p.s->rng.peek(k + 1);
-    std::vector<dspark_token> out;
-    for (int j = 0; j <= k; ++j) {
-        const dspark_token t = tgt.has_sampled ? tgt.sampled[p.row + j]
-                                               : dspark_sample_host(tgt.logits.data() + (size_t) (p.row + j) * V, V, p.s->sp, u[j]);
-        out.push_back(t);
-        if (j == k || t != p.draft[j]) {
-            break;
-        }
-    }
-    return out;
-}
-
-// q of draft slot j of block b at temperature T over the target vocabulary, from its (filtered,
-// Markov-biased) logits: softmax(l / T), 0 where the logits are -inf (unreachable ids).
-void dspark_engine::draft_q_row(int b, int j, float T, std::vector<float> & q) const {
-    q.resize(dft->hp().n_vocab);
-    dft->logits_row(b, j, q.data());
-    dspark_softmax(q, 1.0f / T);
-}
-
-// Speculative rejection sampling: accept draft token x with probability min(1, p(x)/q(x)); on a
-// rejection emit a sample of the residual max(p - q, 0); after k acceptances, a sample of p.
-bool dspark_engine::rejection_sampled(const plan & p) const {
-    return params.draft_mode == DSPARK_DRAFT_PROBABILISTIC && !p.s->sp.greedy() && !p.q.empty();
-}
-
-// The uniform of a block's bonus token (drawn first, so the host and the in-graph paths consume the
-// sequence's stream alike: bonus, then one per tested draft token, then one for a residual).
-float dspark_engine::bonus_uniform(plan & p) {
-    if (p.bonus_u < 0.0f) {
-        p.bonus_u = (float) std::uniform_real_distribution<double>(0.0, 1.0)(p.s->aux);
-    }
-    return p.bonus_u;
-}
-
-// The target's sampling distribution of verify row `row` over the vocabulary (read back first
-// when the verify ran in-graph).
-void dspark_engine::target_p_row(int row, const dspark_sampler_params & sp, std::vector<float> & pd) const {
-    const int V = tgt.hp().n_vocab;
-    std::vector<float> kept;
-    const float * logits = tgt.logits.data() + (size_t) row * V;
-    if (tgt.has_sampled) {
-        kept.resize(V);
-        tgt.logits_row(row, kept.data());
-        logits = kept.data();
-    }
-    dspark_distribution dist;
-    dspark_sampler_distribution(logits, V, sp, dist);
-    if (!sp.sorts(V)) {  // every token a candidate, in vocabulary order: the probabilities are the row
-        pd.swap(dist.probs);
-        return;
-    }
-    pd.assign(V, 0.0f);
-    for (size_t c = 0; c < dist.ids.size(); ++c) {
-        pd[dist.ids[c]] = dist.probs[c];
-    }
-}
-
-// Speculative rejection sampling, one draft token at a time: accept x with probability
-// min(1, p(x) / q(x)) (q came with the draw; p from the verify graph, or from the logits on the
-// host); at the first rejection emit a sample of the residual max(p - q, 0) (the only place whole
-// rows are needed: one of p and one of q); after k acceptances, the bonus token sampled from p.
-std::vector<dspark_token> dspark_engine::accept_rejection(plan & p) {
-    const int k = (int) p.draft.size();
-    const int V = tgt.hp().n_vocab;
-    const float T = p.s->sp.temperature;
-    std::uniform_real_distribution<double> unif(0.0, 1.0);
-    const float u_bonus = bonus_uniform(p);
-    std::vector<dspark_token> out;
-    std::vector<float> pd, q;
-    for (int j = 0; j < k; ++j) {
-        const dspark_token x = p.draft[j];
-        float px;
-        if (tgt.has_sampled) {
-            px = tgt.probed[p.row + j];
-        } else {
-            target_p_row(p.row + j, p.s->sp, pd);
-            px = pd[x];
-        }
-        if (unif(p.s->aux) * p.q[j] < px) {
-            out.push_back(x);
-            continue;
-        }
-        if (tgt.has_sampled) {
-            target_p_row(p.row + j, p.s->sp, pd);
-        }
-        draft_q_row(p.draft_block, j, T, q);
-        double wsum = 0.0;
-        for (int v = 0; v < V; ++v) {
-            wsum += std::max(0.0f, pd[v] - q[v]);
-        }
-        const double u = unif(p.s->aux) * wsum;
-        double cum = 0.0;
-        dspark_token t = x;
-        if (wsum > 0.0) {
-            for (int v = 0; v < V; ++v) {
-                cum += std::max(0.0f, pd[v] - q[v]);
-                if (u < cum) {
-                    t = v;
-                    break;
-                }
-            }
-        } else {  // p == q up to rounding (a rejection then has probability ~0): p's top token
-            t = (dspark_token) (std::max_element(pd.begin(), pd.end()) - pd.begin());
-        }
-        out.push_back(t);
-        return out;
-    }
-    // all drafts accepted: the bonus token, a draw of p at the last row
-    if (tgt.has_sampled) {
-        out.push_back(tgt.sampled[p.row + k]);
-    } else {
-        out.push_back(dspark_sample_host(tgt.logits.data() + (size_t) (p.row + k) * V, V, p.s->sp, u_bonus));
-    }
-    return out;
-}
-
 // Emit tokens (stopping early on an end condition), update stats, and trim the target cache to
 // the anchor plus the accepted drafts; the last emitted token becomes the next anchor.
 void dspark_engine::commit(plan & p, const std::vector<dspark_token> & emitted, int accepted) {
     dspark_seq_state & s = *p.s;
     const int k = (int) p.draft.size();
-    s.stats.n_steps++;
-    total.n_steps++;
-    s.stats.n_drafted += k;
-    total.n_drafted += k;
-    for (int j = 0; j < k && j < DSPARK_STATS_MAX_POS; ++j) {
-        s.stats.drafted_at[j]++;
-        total.drafted_at[j]++;
-        if (j < accepted) {
-            s.stats.accepted_at[j]++;
-            total.accepted_at[j]++;
-        }
-    }
-    s.stats.n_accepted += accepted;
-    total.n_accepted += accepted;
+    dspark_stats_count_block(s.stats, k, accepted);
+    dspark_stats_count_block(total, k, accepted);
     if (k > 0) {
         s.acc.observe(k, accepted);
         blocks.accept.observe(k, accepted);
     }
     const int n_past0 = s.n_past;
     for (size_t j = 0; j < emitted.size(); ++j) {
-        s.new_tokens.push_back(emitted[j]);
-        s.new_from_draft.push_back(j < (size_t) accepted);
-        s.stats.n_generated++;
         total.n_generated++;
-        s.tail.push_back(emitted[j]);
-        if (s.tail.size() > 64) {
-            s.tail.erase(s.tail.begin());
-        }
-        if (finished_by(s, emitted[j])) {
+        if (s.emit(emitted[j], j < (size_t) accepted, eog)) {
             break;
         }
     }
