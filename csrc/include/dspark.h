@@ -1,8 +1,8 @@
 /*
  * dspark.h — the public C API of dspark-ggml.
  *
- * Speculative decoding on ggml: a target LLM (GGUF archs qwen3, llama, qwen2) verifies blocks of
- * tokens proposed by a DFlash / DSpark draft (GGUF arch "dflash").
+ * Speculative decoding on ggml: a target LLM (GGUF archs qwen3, qwen2, llama, qwen3moe, gemma4)
+ * verifies blocks of tokens proposed by a DFlash / DSpark draft (GGUF arch "dflash").
  *
  * Usage, target only:
  *
@@ -217,7 +217,8 @@ struct dspark_model_params {
 
 DSPARK_API struct dspark_model_params dspark_model_default_params(void);
 
-/* Load a target model (arch qwen3, llama or qwen2). NULL on error (see dspark_last_error). */
+/* Load a target model (arch qwen3, qwen2, llama, qwen3moe or gemma4). NULL on error (see
+ * dspark_last_error). */
 DSPARK_API struct dspark_model * dspark_model_load_from_file(const char * path, const struct dspark_model_params * params);
 DSPARK_API void                  dspark_model_free(struct dspark_model * model);
 

@@ -84,7 +84,7 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
         f.fail(DSPARK_STATUS_INVALID_ARGUMENT, "this is a DFlash/DSpark draft model; load it as a draft for a target");
     }
     if (!dspark_is_target_arch(m->arch)) {
-        f.fail(DSPARK_STATUS_UNSUPPORTED, "unknown architecture '" + m->arch + "' (supported: qwen3, llama, qwen2)");
+        f.fail(DSPARK_STATUS_UNSUPPORTED, "unknown architecture '" + m->arch + "' (supported: qwen3, qwen2, llama, qwen3moe, gemma4)");
     }
     m->target.reset(new target_model());
     m->target->load(*m->weights);

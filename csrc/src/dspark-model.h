@@ -13,7 +13,7 @@ struct dflash_model;
 struct dspark_model {
     std::string arch;
     std::unique_ptr<dspark_weights> weights;
-    std::unique_ptr<target_model>   target;  // set for qwen3 / llama / qwen2
+    std::unique_ptr<target_model>   target;  // set for qwen3 / qwen2 / llama / qwen3moe / gemma4
     std::unique_ptr<dflash_model>   draft;   // set for dflash
     const dspark_model *            borrowed = nullptr;  // a draft's target (embeddings, head)
     std::vector<int32_t>            d2t;     // a reduced-vocab draft's absolute target ids
