@@ -74,3 +74,46 @@ def test_c_example_is_leak_free_under_leaksanitizer(tmp_path):
         res = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, env=env, timeout=120)
         assert "LeakSanitizer" not in res.stderr, res.stderr[-3000:]
         assert res.returncode == rc, (args, res.returncode, res.stderr[-500:])
+
+
+# ---- library-wide behaviour ---------------------------------------------------------------------------
+
+def test_core_logs_reach_python_logging_from_any_thread(tmp_path, caplog):
+    """The core's log goes to logging.getLogger("dspark_ggml") at the matching level, from the
+    calling thread and from others at once."""
+    import logging
+    import threading
+
+    tcfg = TargetConfig(n_layer=2)
+    write_target(tmp_path / "t.gguf", tcfg, seed=2)
+    write_draft(tmp_path / "d.gguf", DraftConfig(block_size=4), tcfg, seed=3)
+    target = Model(tmp_path / "t.gguf")
+    draft = DraftModel(tmp_path / "d.gguf", target)
+
+    def clamped_engine() -> None:  # n_max above the block size: a warning from the core
+        Engine(Context(target, n_ctx=64, n_threads=1), DraftContext(draft, n_ctx=64, n_threads=1), n_max=99)
+
+    with caplog.at_level(logging.DEBUG, logger="dspark_ggml"):
+        clamped_engine()
+        threads = [threading.Thread(target=clamped_engine) for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    warnings = [r for r in caplog.records if r.name == "dspark_ggml" and "n_max 99 clamped" in r.getMessage()]
+    assert len(warnings) == 5 and all(r.levelno == logging.WARNING for r in warnings)
+    assert not warnings[0].getMessage().endswith("\n")
+
+
+def test_errors_without_a_message_are_named_by_their_status():
+    from dspark_ggml.errors import ContextFullError
+
+    assert _lib.status_str(-6) == "context full" and _lib.status_str(-1) == "invalid argument"
+    lib, ffi = _lib.lib(), _lib.ffi()
+    assert lib.dspark_sampling_check(ffi.NULL) == -1  # a failure with a message: the message
+    with pytest.raises(Exception, match="params is NULL"):
+        _lib.check(-1)
+    p = ffi.new("struct dspark_sampling_params *", lib.dspark_sampling_default_params())
+    assert lib.dspark_sampling_check(p) == 0  # a success clears the last error: the status's name
+    with pytest.raises(ContextFullError, match=r"context full \(status -6\)"):
+        _lib.check(-6)

@@ -7,6 +7,8 @@ installs beside the binaries (this also holds in an editable install).
 """
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import re
 import sys
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DSparkError, error_for_status
+
+logger = logging.getLogger("dspark_ggml")
 
 _LIB_NAMES = {"linux": "libdspark.so", "darwin": "libdspark.dylib", "win32": "dspark.dll"}
 
@@ -68,8 +72,40 @@ def _load() -> tuple[Any, Any]:
     # this thread holds cffi's (non-reentrant) lock, and a first lookup there waits for it forever.
     for name in set(re.findall(r"\b(dspark_\w+_(?:free|close))\s*\(", header)):
         getattr(lib, name)
+    _install_log_callback(ffi, lib)
     lib.dspark_backend_load_all(str(path.parent).encode())
     return ffi, lib
+
+
+# enum dspark_log_level -> logging level
+_LOG_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_log_callback: Any = None  # the cffi callback: alive for the whole process (C may call it any time)
+
+
+def _install_log_callback(ffi: Any, lib: Any) -> None:
+    """Route the core's and ggml's log messages to ``logging.getLogger("dspark_ggml")``.
+
+    The core may log from any thread, ggml's workers and the RPC call threads included; cffi takes
+    the GIL for each call, and the callback never raises into C. The callback object is kept for
+    the life of the process (a thread may be inside it while another replaces it), and at exit the
+    core goes back to its own stderr output before the interpreter is torn down. With no logging
+    configured, Python's last-resort handler prints warnings and errors to stderr, as the core did.
+    """
+    global _log_callback
+
+    def forward(level: int, text: Any, _user_data: Any) -> None:
+        try:
+            lvl = _LOG_LEVELS.get(level, logging.DEBUG)
+            if logger.isEnabledFor(lvl):
+                msg = ffi.string(text).decode("utf-8", "replace").rstrip("\n")
+                if msg:
+                    logger.log(lvl, msg)
+        except Exception:  # noqa: BLE001 - nothing may propagate into C
+            pass
+
+    _log_callback = ffi.callback("void(int32_t, const char *, void *)", forward)
+    lib.dspark_log_set(_log_callback, ffi.NULL)
+    atexit.register(lib.dspark_log_set, ffi.NULL, ffi.NULL)
 
 
 def ffi() -> Any:
@@ -84,17 +120,27 @@ def last_error() -> str:
     return ffi().string(lib().dspark_last_error()).decode("utf-8", "replace")
 
 
+def status_str(status: int) -> str:
+    """The C API's name of a status code ("invalid argument", "context full", ...)."""
+    return to_str(lib().dspark_status_str(status)) or f"status {status}"
+
+
+def _error(status: int) -> DSparkError:
+    """The exception of a failed call: the thread's last error message, or else the status's name."""
+    return error_for_status(status, last_error() or f"{status_str(status)} (status {status})")
+
+
 def check(status: int) -> int:
     """Raise the matching DSparkError if a C call returned a negative status; else return it."""
     if status < 0:
-        raise error_for_status(status, last_error())
+        raise _error(status)
     return status
 
 
 def check_ptr(ptr: Any) -> Any:
     """Raise the thread's last error if a C constructor returned NULL; else return the pointer."""
     if ptr == ffi().NULL:
-        raise error_for_status(lib().dspark_last_status(), last_error())
+        raise _error(lib().dspark_last_status())
     return ptr
 
 
