@@ -117,3 +117,21 @@ def test_errors_without_a_message_are_named_by_their_status():
     assert lib.dspark_sampling_check(p) == 0  # a success clears the last error: the status's name
     with pytest.raises(ContextFullError, match=r"context full \(status -6\)"):
         _lib.check(-6)
+
+
+def test_the_library_leaves_the_process_environment_as_it_was(tmp_path):
+    """Loading the backends (and, in a Vulkan build, creating its devices with ggml's switch for
+    graph reordering set) leaves no variable behind, as seen by C's getenv in a fresh process."""
+    code = (
+        "import ctypes, os\n"
+        "from dspark_ggml import _lib\n"
+        "from dspark_ggml.system import devices\n"
+        "devices()\n"
+        "libc = ctypes.CDLL(None); libc.getenv.restype = ctypes.c_char_p\n"
+        "print(libc.getenv(b'GGML_VK_DISABLE_GRAPH_OPTIMIZE'), 'GGML_VK_DISABLE_GRAPH_OPTIMIZE' in os.environ)\n"
+    )
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "DSPARK_VK_GRAPH_OPTIMIZE")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["None", "False"]

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <vector>
 
 #if !defined(_WIN32)
 #    include <dlfcn.h>
@@ -26,18 +27,47 @@ static std::string library_dir() {
 
 // ggml-vulkan 0.25.3 reorders each graph for concurrency (its graph_optimize). With the target and
 // the draft both on one Vulkan device (two backend contexts), the reordered draft graphs crash
-// lavapipe inside FLASH_ATTN_EXT; with the reordering off they run and match the CPU. The device
-// reads the switch once, when it is created, so it is set before any backend exists; a user who
-// sets DSPARK_VK_GRAPH_OPTIMIZE=1 keeps ggml's default.
-static void vulkan_workarounds() {
-    if (getenv("DSPARK_VK_GRAPH_OPTIMIZE") || getenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE")) {
+// lavapipe inside FLASH_ATTN_EXT; with the reordering off they run and match the CPU. ggml has no
+// API for it: a Vulkan device reads GGML_VK_DISABLE_GRAPH_OPTIMIZE once, when it is created
+// (ggml_vk_get_device, on the first request for its buffer type or a backend). So the devices are
+// created here, once, with the variable set, and the variable is removed right after: the process
+// environment is as it was (the change is visible only while the library loads its backends, in
+// dspark_backends_load's call_once). Creating every Vulkan device up front costs a Vulkan build a
+// moment at load even when it runs on the CPU. A user who sets DSPARK_VK_GRAPH_OPTIMIZE=1 keeps
+// ggml's reordering; one who sets GGML_VK_DISABLE_GRAPH_OPTIMIZE gets what ggml does with it.
+static void set_env(const char * name, const char * value) {
+#if defined(_WIN32)
+    _putenv_s(name, value ? value : "");
+#else
+    if (value) {
+        setenv(name, value, 1);
+    } else {
+        unsetenv(name);
+    }
+#endif
+}
+
+static void create_vulkan_devices() {
+    const char * var = "GGML_VK_DISABLE_GRAPH_OPTIMIZE";
+    if (getenv("DSPARK_VK_GRAPH_OPTIMIZE") || getenv(var)) {
         return;
     }
-#if defined(_WIN32)
-    _putenv_s("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1");
-#else
-    setenv("GGML_VK_DISABLE_GRAPH_OPTIMIZE", "1", 0);
-#endif
+    std::vector<ggml_backend_dev_t> vulkan;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+        if (reg && std::string(ggml_backend_reg_name(reg)) == "Vulkan") {
+            vulkan.push_back(dev);
+        }
+    }
+    if (vulkan.empty()) {
+        return;
+    }
+    set_env(var, "1");
+    for (ggml_backend_dev_t dev : vulkan) {
+        ggml_backend_dev_buffer_type(dev);  // creates the device, which reads the variable
+    }
+    set_env(var, nullptr);
 }
 
 void dspark_backends_load(const std::string & dir) {
@@ -45,13 +75,13 @@ void dspark_backends_load(const std::string & dir) {
     std::call_once(once, [&]() {
         dspark_log_install_ggml_hook();
         dspark_rpc_install_abort_hook();
-        vulkan_workarounds();
 #ifdef GGML_BACKEND_DL
         const std::string d = dir.empty() ? library_dir() : dir;
         ggml_backend_load_all_from_path(d.c_str());
 #else
         (void) dir;
 #endif
+        create_vulkan_devices();
     });
 }
 
