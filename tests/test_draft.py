@@ -106,6 +106,25 @@ def test_shorter_blocks_and_unchanged_cache(tmp_path, target):
         assert dctx.kv.n_used == used  # block cells are temporary
 
 
+def test_an_aborted_propose_leaves_the_draft_cache_as_it_was(tmp_path, target):
+    from dspark_ggml.errors import AbortedError
+
+    t, d, ref = _draft(tmp_path, target, "abort")
+    feats = _features(t, d.info.target_layers, PROMPTS[:1])[0]
+    dctx = DraftContext(d, n_ctx=128, type_kv="f32")
+    dctx.inject(feats[:6], np.arange(6))
+    before = dctx.propose([42], [6]).tokens
+    used = dctx.kv.n_used
+    dctx.set_abort_callback(lambda: True)
+    with pytest.raises(AbortedError):
+        dctx.propose([42], [6])
+    with pytest.raises(AbortedError):
+        dctx.inject(feats[6:], np.arange(6, len(feats)))
+    assert dctx.kv.n_used == used
+    dctx.set_abort_callback(None)
+    assert dctx.propose([42], [6]).tokens.tolist() == before.tolist()
+
+
 def test_rollback_then_reinject(tmp_path, target):
     t, d, ref = _draft(tmp_path, target, "rollback")
     feats = _features(t, d.info.target_layers, PROMPTS[:1])[0]

@@ -122,6 +122,18 @@ class DraftContext(NativeHandle):
         self._handle: Any = _lib.check_ptr(lib.dspark_draft_context_init(draft.handle, p))
         self.n_seq_max = n_seq_max
         self.kv = KVCache(lib.dspark_draft_get_kv(self._handle), n_seq_max, self)
+        self._abort_cb: Any = None
+
+    def set_abort_callback(self, callback: Any | None) -> None:
+        """Call ``callback()`` during :meth:`inject` and :meth:`propose`; a true result stops them
+        (AbortedError, the draft cache unchanged). None removes it."""
+        ffi = _lib.ffi()
+        if callback is None:
+            self._abort_cb = None
+            _lib.lib().dspark_draft_set_abort_callback(self.handle, ffi.NULL, ffi.NULL)
+            return
+        self._abort_cb = ffi.callback("bool(void *)", lambda _data: bool(callback()))
+        _lib.lib().dspark_draft_set_abort_callback(self.handle, self._abort_cb, ffi.NULL)
 
     def inject(self, features: np.ndarray, positions: Sequence[int] | np.ndarray, seq_ids: Sequence[int] | np.ndarray | int = 0) -> None:
         """Store target features [n_rows, n_target_layers * n_embd] as context cells."""
