@@ -59,6 +59,21 @@ def _write(path: Path, arch: str = "qwen3", tensors: dict | None = None, kv: dic
     return path
 
 
+def test_single_lookups_read_one_entry(good):
+    """get() and tensor() ask the core for one entry (dspark_gguf_find_key / _find_tensor) instead of
+    reading every value, a tokenizer's vocabulary among them."""
+    path, _, cfg = good
+    with GGUFFile(path) as f:
+        assert f.architecture == "qwen3" and f._metadata is None
+        assert f.get("qwen3.block_count") == cfg.n_layer
+        assert f.get("no.such.key", 7) == 7 and "no.such.key" not in f and "general.architecture" in f
+        assert f._metadata is None
+        emb = f.tensor("token_embd.weight")
+        assert emb == next(t for t in f.tensors() if t.name == "token_embd.weight")
+        assert f.tensor("no.such.tensor") is None
+        assert f.get("qwen3.block_count") == f.metadata["qwen3.block_count"]
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(FileAccessError, match="missing.gguf"):
         GGUFFile(tmp_path / "missing.gguf")

@@ -79,23 +79,39 @@ class GGUFFile(NativeHandle):
         return self._metadata
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.metadata.get(key, default)
+        """One value, looked up by the core (the other values, a tokenizer's vocabulary among
+        them, are not read)."""
+        if self._metadata is not None:
+            return self._metadata.get(key, default)
+        i = _lib.lib().dspark_gguf_find_key(self.handle, key.encode())
+        return default if i < 0 else self._value(i)
+
+    def __contains__(self, key: str) -> bool:
+        return _lib.lib().dspark_gguf_find_key(self.handle, key.encode()) >= 0
 
     @property
     def architecture(self) -> str | None:
-        return self.metadata.get("general.architecture")
+        return self.get("general.architecture")
+
+    def tensor(self, name: str) -> TensorInfo | None:
+        """The tensor table's entry for ``name``, or None."""
+        i = _lib.lib().dspark_gguf_find_tensor(self.handle, name.encode())
+        return None if i < 0 else self._tensor(i)
 
     def tensors(self) -> Iterator[TensorInfo]:
+        for i in range(_lib.lib().dspark_gguf_n_tensors(self.handle)):
+            yield self._tensor(i)
+
+    def _tensor(self, i: int) -> TensorInfo:
         lib = _lib.lib()
-        for i in range(lib.dspark_gguf_n_tensors(self.handle)):
-            n_dims = lib.dspark_gguf_tensor_n_dims(self.handle, i)
-            yield TensorInfo(
-                name=_lib.to_str(lib.dspark_gguf_tensor_name(self.handle, i)) or "",
-                type=_lib.to_str(lib.dspark_gguf_tensor_type(self.handle, i)) or "",
-                shape=tuple(int(lib.dspark_gguf_tensor_ne(self.handle, i, d)) for d in range(n_dims)),
-                offset=int(lib.dspark_gguf_tensor_offset(self.handle, i)),
-                nbytes=int(lib.dspark_gguf_tensor_nbytes(self.handle, i)),
-            )
+        n_dims = lib.dspark_gguf_tensor_n_dims(self.handle, i)
+        return TensorInfo(
+            name=_lib.to_str(lib.dspark_gguf_tensor_name(self.handle, i)) or "",
+            type=_lib.to_str(lib.dspark_gguf_tensor_type(self.handle, i)) or "",
+            shape=tuple(int(lib.dspark_gguf_tensor_ne(self.handle, i, d)) for d in range(n_dims)),
+            offset=int(lib.dspark_gguf_tensor_offset(self.handle, i)),
+            nbytes=int(lib.dspark_gguf_tensor_nbytes(self.handle, i)),
+        )
 
     # ---- values -------------------------------------------------------------------------------
 
