@@ -37,6 +37,8 @@ def test_help_lists_serve_without_the_extra():
 def test_bad_server_flags_are_refused_before_loading(capsys):
     from dspark_ggml.cli import main
 
-    for argv in (["-np", "0"], ["--queue-size", "-1"], ["--port", "70000"], ["--max-body", "10"]):
+    for argv in (["-np", "0"], ["--queue-size", "-1"], ["--port", "70000"], ["--max-body", "10"],
+                 ["--cors-origins", "example.com"], ["--cors-origins", "http://a.example/path"],
+                 ["--embeddings-ctx", "0"]):
         assert main(["serve", "--demo", *argv]) == 1
         assert "error:" in capsys.readouterr().err
