@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import print_table  # noqa: E402
 
 from dspark_ggml import LLM  # noqa: E402
-from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH  # noqa: E402
+from dspark_ggml import demo  # noqa: E402
 from dspark_ggml.sampling import SamplingParams  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in range(10):\n", "def main():\n",
@@ -32,7 +32,7 @@ PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in ran
 
 def load(schedule: str, n_seq: int, threads: int, flash: bool) -> LLM:
     spec = None if schedule == "none" else {"schedule": schedule}
-    return LLM(TARGET_PATH, draft_model_path=None if spec is None else DRAFT_PATH, speculative=spec,
+    return LLM(demo.target_path(), draft_model_path=None if spec is None else demo.DRAFT_PATH, speculative=spec,
                n_seq_max=n_seq, n_threads=threads, flash_attn=flash, batch_invariant=True)
 
 

@@ -115,9 +115,9 @@ class Pair:
         return ["--demo"] if self.target is None else ["-m", self.target, "-md", str(self.draft)]
 
     def files(self) -> tuple[str, str]:
-        from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
+        from dspark_ggml import demo
 
-        return (TARGET_PATH, DRAFT_PATH) if self.target is None else (self.target, str(self.draft))
+        return (demo.target_path(), demo.DRAFT_PATH) if self.target is None else (self.target, str(self.draft))
 
 
 def ours(pair: Pair, n_slots: int, threads: int, draft: bool, extra: list[str]) -> Server:

@@ -2,7 +2,7 @@
 
     python bench/bench_spec.py [-m T.gguf -md D.gguf] [--prompts ../shared/data/prompts/humaneval.jsonl] [-n 8]
 
-Default models: the demo pair that ships with the package. Prints tokens/s of both, tau (mean
+Default models: the demo pair (SmolLM2-135M-Instruct and its trained draft). Prints tokens/s of both, tau (mean
 accepted length counting the target's token), acceptance, the measured cost of a draft pass and of
 a verify pass, and the ideal speedup they imply: tau * t_target_step / (t_draft + t_verify).
 measured / ideal shows what the engine costs beyond the two passes.
@@ -36,7 +36,7 @@ def main() -> int:
     args = ap.parse_args()
     if not args.model:
         from dspark_ggml import demo
-        args.model, args.model_draft = demo.TARGET_PATH, args.model_draft or demo.DRAFT_PATH
+        args.model, args.model_draft = demo.target_path(), args.model_draft or demo.DRAFT_PATH
 
     tok = Tokenizer.from_gguf(args.model)
     prompts = [tok.encode(p, add_special=False) for p in load_prompts(args.prompts, args.n_prompts)]

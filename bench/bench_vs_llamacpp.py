@@ -80,7 +80,7 @@ def main() -> int:
     rows = []
     for run in args.runs:
         if run.startswith("demo"):
-            target, draft, n = Path(demo.TARGET_PATH), Path(demo.DRAFT_PATH) if run == "demo-spec" else None, args.max_tokens
+            target, draft, n = Path(demo.target_path()), Path(demo.DRAFT_PATH) if run == "demo-spec" else None, args.max_tokens
         else:
             target, draft, n = qwen3_0_6b(run), None, 64
         ours = _ours(target, draft, prompts, n, args.threads)

@@ -102,7 +102,7 @@ class Report:
 
 def default_bases(directory: Path) -> list[Base]:
     """Tiny targets of each architecture and storage type, tiny drafts of each kind (written into
-    `directory`), and the demo pair when it is installed."""
+    `directory`), and the tiny pair."""
     from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 
     d = Path(directory)
@@ -116,7 +116,7 @@ def default_bases(directory: Path) -> list[Base]:
     write_draft(d / "reduced.gguf", DraftConfig(draft_vocab=64, own_head=True, markov_head_type="gated"), tcfg, seed=6)
     out = [Base(d / "qwen3.gguf", "target"), Base(d / "llama-q8_0.gguf", "target"), Base(d / "qwen2-f16.gguf", "target")]
     out += [Base(d / name, "draft", d / "qwen3.gguf") for name in ("dspark.gguf", "dflash.gguf", "reduced.gguf")]
-    demo = ROOT / "python" / "dspark_ggml" / "demo"
+    demo = ROOT / "tests" / "data" / "tiny_pair"
     if (demo / "target.gguf").is_file():
         out += [Base(demo / "target.gguf", "target"), Base(demo / "draft-dspark.gguf", "draft", demo / "target.gguf"),
                 Base(demo / "draft-dspark-reduced.gguf", "draft", demo / "target.gguf")]

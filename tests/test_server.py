@@ -19,15 +19,15 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from dspark_ggml import LLM  # noqa: E402
-from dspark_ggml.demo import TARGET_PATH  # noqa: E402
+from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
 
 from server_process import ServerProcess  # noqa: E402
 
 KEY = "test-key-0123456789"
-MODEL = "dspark-ggml-demo"
+MODEL = "target"
 MAX_BODY = 65536
 SERVER_FA = {"on": True, "off": False}.get(os.environ.get("DSPARK_TEST_SERVER_FA", ""), "auto")
-COMMON = ["--demo", "-t", "1",  # tiny models: more threads only add overhead on a shared machine
+COMMON = ["-m", TARGET_PATH, "-md", DRAFT_PATH, "-t", "1",  # tiny models: more threads only add overhead on a shared machine
           "-fa", {True: "on", False: "off", "auto": "auto"}[SERVER_FA]]
 PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in range(10):\n", "def main():\n",
            "try:\n", "with open(path) as f:\n", "if __name__ == '__main__':\n"]

@@ -24,7 +24,7 @@ httpx = pytest.importorskip("httpx")
 
 from dspark_ggml import LLM  # noqa: E402
 from dspark_ggml.context import Context  # noqa: E402
-from dspark_ggml.demo import TARGET_PATH  # noqa: E402
+from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
 
 from server_process import HOST, ServerProcess  # noqa: E402
 
@@ -47,7 +47,7 @@ def servers(tmp_path_factory):
     "plain": the target alone, no key, no CORS."""
     started: dict[str, ServerProcess] = {}
     try:
-        started["draft"] = ServerProcess(["--demo", "--spec-schedule", "static", "--cors-origins", ORIGIN,
+        started["draft"] = ServerProcess(["-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-schedule", "static", "--cors-origins", ORIGIN,
                                           *COMMON], tmp_path_factory.mktemp("draft") / "server.log", KEY)
         started["plain"] = ServerProcess(["-m", str(TARGET_PATH), *COMMON],
                                          tmp_path_factory.mktemp("plain") / "server.log")

@@ -9,7 +9,7 @@ import pytest
 
 from dspark_ggml import LLM
 from dspark_ggml.decode_loop import Request
-from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
+from tests.tiny_pair import DRAFT_PATH, TARGET_PATH
 from dspark_ggml.errors import InvalidArgumentError
 from dspark_ggml.sampling import SamplingParams
 from dspark_ggml.server.engines import EnginePool, SpecOverride

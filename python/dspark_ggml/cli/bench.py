@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         from .. import demo
 
-        args.model, args.model_draft = demo.TARGET_PATH, args.model_draft or demo.DRAFT_PATH
+        args.model, args.model_draft = demo.target_path(), args.model_draft or demo.DRAFT_PATH
     if not args.model_draft:
         raise InvalidArgumentError("bench needs a draft: -md DRAFT.gguf")
     path = args.prompts or default_prompt_file()
