@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/demo_pair_out")
-    ap.add_argument("--dest", default=os.path.join(REPO, "python", "dspark_ggml", "demo"))
+    ap.add_argument("--dest", default=os.path.join(REPO, "tests", "data", "tiny_pair"))
     ap.add_argument("--outtype", default="q8_0")
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.join(REPO, "python"))
