@@ -142,14 +142,18 @@ def llama_server(pair: Pair, binary: str, n_slots: int, threads: int, n_ctx_per_
 
 # ---- load -----------------------------------------------------------------------------------------
 
-def one_request(client: httpx.Client, prompt: str, max_tokens: int) -> Sample:
-    """A streamed greedy completion: TTFT, TPOT and the tokens it produced."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+def one_request(client: httpx.Client, prompt: str, max_tokens: int, chat: bool = False) -> Sample:
+    """A streamed greedy completion (a chat completion with `chat`: the prompt is the user's
+    message): TTFT, TPOT and the tokens it produced."""
+    body = {"max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
     t0 = time.perf_counter()
     first = last = None
     n_chunks, usage = 0, None
-    with client.stream("POST", "/v1/completions", json=body) as r:
+    with client.stream("POST", "/v1/chat/completions" if chat else "/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -157,7 +161,7 @@ def one_request(client: httpx.Client, prompt: str, max_tokens: int) -> Sample:
             d = json.loads(line[6:])
             if d.get("usage"):
                 usage = d["usage"].get("completion_tokens")
-            if any(c.get("text") for c in d.get("choices", [])):
+            if any(c.get("text") or (c.get("delta") or {}).get("content") for c in d.get("choices", [])):
                 now = time.perf_counter()
                 first = first if first is not None else now
                 last = now
@@ -169,18 +173,21 @@ def one_request(client: httpx.Client, prompt: str, max_tokens: int) -> Sample:
 
 
 def load_prompt_set(name: str) -> list[str]:
-    """`short` (the built-in code starts), `humaneval` (the shared set, 8 prompts) or a JSONL file."""
+    """`short` (the built-in code starts), a shared set by name (`humaneval`, `gsm8k`, `mt-bench`,
+    `mbpp`: 8 prompts) or a JSONL file."""
     if name == "short":
         return PROMPTS
     from dspark_ggml.benchmark import default_prompt_file, load_prompts
 
-    path = default_prompt_file() if name == "humaneval" else Path(name)
+    shared = default_prompt_file().parent if default_prompt_file() else None
+    path = shared / f"{name}.jsonl" if shared and (shared / f"{name}.jsonl").exists() else Path(name)
     if path is None or not path.exists():
         raise SystemExit(f"no prompt file for --prompts {name}")
     return load_prompts(path, 8)
 
 
-def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int, prompts: list[str]) -> Level:
+def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int, prompts: list[str],
+              chat: bool = False) -> Level:
     jobs = [prompts[i % len(prompts)] for i in range(n_requests)]
     lock = threading.Lock()
     samples: list[Sample] = []
@@ -196,7 +203,7 @@ def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int
                         return
                     prompt = jobs.pop()
                 try:
-                    s = one_request(client, prompt, max_tokens)
+                    s = one_request(client, prompt, max_tokens, chat)
                 except (httpx.HTTPError, ValueError) as e:  # counted, not fatal: the table says how many
                     with lock:
                         errors.append(f"{type(e).__name__}: {e}")
@@ -246,7 +253,10 @@ def main() -> int:
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     ap.add_argument("-m", "--model", help="target GGUF (default: the demo pair)")
     ap.add_argument("-md", "--model-draft", help="draft GGUF, with -m")
-    ap.add_argument("--prompts", default="short", help="short (default), humaneval, or a JSONL file")
+    ap.add_argument("--prompts", default="short",
+                    help="short (default), a shared set (humaneval, gsm8k, mt-bench, mbpp), or a JSONL file")
+    ap.add_argument("--chat", action="store_true",
+                    help="send the prompts as chat messages (/v1/chat/completions), as an instruction model wants")
     args = ap.parse_args()
     if (args.model is None) != (args.model_draft is None):
         ap.error("-m and -md go together")
@@ -265,10 +275,10 @@ def main() -> int:
         for name, make in factories:
             server = make()
             try:
-                one_request(httpx.Client(base_url=server.url, timeout=600), prompts[0], 8)  # warm up
+                one_request(httpx.Client(base_url=server.url, timeout=600), prompts[0], 8, args.chat)  # warm up
                 for c in args.concurrency:
                     n = args.requests or max(8, 4 * c)
-                    lv = run_level(server, c, n, args.max_tokens, prompts)
+                    lv = run_level(server, c, n, args.max_tokens, prompts, args.chat)
                     runs.setdefault((name, c), []).append(lv)
                     print(f"{name} c={c}: {lv.tokens_per_s:.1f} tokens/s", file=sys.stderr, flush=True)
             finally:
