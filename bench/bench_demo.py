@@ -22,47 +22,40 @@ calibrate the draft) through the chat template, greedy unless said otherwise, bl
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from common import print_table  # noqa: E402
-from bench_vs_llamacpp import _llama_cpp  # noqa: E402
-import llama_cpp_build  # noqa: E402
+from common import SPEC_HEADERS, chat_prompts, decode_speed, llama_cpp_decode_speed, print_table, prompt_texts, \
+    smollm2_file, spec_cells
+import llama_cpp_build
 
-import dspark_ggml as dg  # noqa: E402
-from dspark_ggml import demo  # noqa: E402
-from dspark_ggml.benchmark import compare, default_prompt_file, load_prompts  # noqa: E402
-from dspark_ggml.models import requantized, smollm2_path  # noqa: E402
+import dspark_ggml as dg
+from dspark_ggml import demo
+from dspark_ggml.benchmark import compare
 
 SETS = ["gsm8k", "humaneval", "mt-bench"]
 OTHER_TYPES = ["f16", "q8_0", "q4_0", "q4_1", "q5_0", "q4_K", "Q4_K_M", "iq4_nl"]
 
 
-def chat_prompts(tok: dg.Tokenizer, name: str, n: int) -> tuple[list[str], list[list[int]]]:
-    texts = load_prompts(default_prompt_file().parent / f"{name}.jsonl", n)
-    rendered = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts]
+def set_prompts(tok: dg.Tokenizer, name: str, n: int) -> tuple[list[str], list[list[int]]]:
+    """A shared prompt set through the chat template: the texts and their token ids."""
+    rendered = chat_prompts(tok, prompt_texts(name, n))
     return rendered, [tok.encode(r, add_special=False, parse_special=True) for r in rendered]
 
 
 def speed_table(target: str, draft: str, tok: dg.Tokenizer, args) -> tuple[list, float]:
     rows, best = [], 0.0
     for name in SETS:
-        _, prompts = chat_prompts(tok, name, args.n_prompts)
+        _, prompts = set_prompts(tok, name, args.n_prompts)
         temps = [0.0, 0.7] if name == SETS[0] else [0.0]
         for r in compare(target, draft, prompts, temperatures=temps, draft_modes=["probabilistic"] if 0.7 in temps
                          else ["greedy"], max_tokens=args.max_tokens, n_threads=args.threads,
                          eog=sorted(tok.eog_ids)):
-            st = r.stats
-            acc = " ".join(f"{a:.2f}" for a in st.acceptance_by_position)
-            rows.append([name, r.temperature, r.draft_mode, round(r.target_tok_s, 1), round(r.spec_tok_s, 1),
-                         round(r.speedup, 2), round(st.mean_accepted_length, 2), round(st.acceptance_rate, 3), acc,
-                         round(r.ideal_speedup, 2), round(r.speedup / r.ideal_speedup, 2) if r.ideal_speedup else 0])
+            acc = " ".join(f"{a:.2f}" for a in r.stats.acceptance_by_position)
+            rows.append([name] + spec_cells(r) + [acc])
             if r.temperature == 0.0:
                 best = max(best, r.spec_tok_s)
             print(rows[-1], file=sys.stderr, flush=True)
@@ -70,31 +63,22 @@ def speed_table(target: str, draft: str, tok: dg.Tokenizer, args) -> tuple[list,
 
 
 def other_types(tok: dg.Tokenizer, args) -> list:
-    _, prompts = chat_prompts(tok, "humaneval", args.n_prompts)
-    texts = [tok.decode(p, special=True) for p in prompts]
+    _, prompts = set_prompts(tok, "humaneval", args.n_prompts)
     rows = []
     for t in args.types:
-        path = smollm2_path() if t == "Q4_1" else requantized(smollm2_path(), t)
-        with dg.LLM(str(path), n_ctx=1024, n_threads=args.threads) as llm:
-            llm.generate(prompts[0], max_tokens=8)
-            tok_s = statistics.median(llm.generate(p, max_tokens=args.max_tokens).stats.tokens_per_second
-                                      for p in prompts)
-        rows.append([t, round(tok_s, 1)])
-        print(rows[-1], texts[0][:0], file=sys.stderr, flush=True)
+        rows.append([t, round(decode_speed(smollm2_file(t), prompts, args.max_tokens, args.threads), 1)])
+        print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 
 def ece(conf: np.ndarray, hit: np.ndarray, bins: int = 10) -> float:
-    """Expected calibration error of predicted probabilities `conf` against outcomes `hit` (0/1)."""
+    """Expected calibration error of predicted probabilities `conf` against outcomes `hit` (0/1):
+    per bin, its share of the samples times |mean confidence - mean outcome|, summed."""
     if len(conf) == 0:
         return float("nan")
     idx = np.minimum((conf * bins).astype(int), bins - 1)
-    total = 0.0
-    for b in range(bins):
-        m = idx == b
-        if m.any():
-            total += m.sum() * abs(conf[m].mean() - hit[m].mean())
-    return total / len(conf)
+    gap = np.bincount(idx, weights=conf, minlength=bins) - np.bincount(idx, weights=hit, minlength=bins)
+    return float(np.abs(gap).sum() / len(conf))
 
 
 def calibration(target: str, draft: str, tok: dg.Tokenizer, args) -> list:
@@ -109,7 +93,7 @@ def calibration(target: str, draft: str, tok: dg.Tokenizer, args) -> list:
     layers = dmodel.info.target_layers
     cal, raw, hits = [], [], []
     for name in SETS:
-        _, prompts = chat_prompts(tok, name, args.n_prompts)
+        _, prompts = set_prompts(tok, name, args.n_prompts)
         with dg.LLM(target, n_ctx=1024, n_threads=args.threads) as llm:
             answers = [llm.generate(p, max_tokens=args.max_tokens).tokens for p in prompts]
         ctx = dg.Context(model, n_ctx=1024, n_threads=args.threads)
@@ -148,15 +132,12 @@ def calibration(target: str, draft: str, tok: dg.Tokenizer, args) -> list:
 
 
 def schedules(target: str, draft: str, tok: dg.Tokenizer, args) -> list:
-    _, prompts = chat_prompts(tok, "humaneval", args.n_prompts)
+    _, prompts = set_prompts(tok, "humaneval", args.n_prompts)
     rows = []
     for schedule in ("none", "static", "adaptive", "confidence"):
         spec = dg.SpeculativeConfig(method="none") if schedule == "none" else dg.SpeculativeConfig(schedule=schedule)
-        with dg.LLM(target, draft_model_path=None if schedule == "none" else draft, speculative=spec, n_ctx=1024,
-                    n_threads=args.threads) as llm:
-            llm.generate(prompts[0], max_tokens=8)
-            tok_s = statistics.median(llm.generate(p, max_tokens=args.max_tokens).stats.tokens_per_second
-                                      for p in prompts)
+        tok_s = decode_speed(target, prompts, args.max_tokens, args.threads,
+                             draft=None if schedule == "none" else draft, speculative=spec)
         rows.append([schedule, round(tok_s, 1)])
         print(rows[-1], file=sys.stderr, flush=True)
     return rows
@@ -183,8 +164,7 @@ def main() -> int:
     best_spec = 0.0
     if "speed" in args.only:
         rows, best_spec = speed_table(target, draft, tok, args)
-        print_table(["set", "T", "drafting", "target-only t/s", "speculative t/s", "speedup", "tau", "acceptance",
-                     "acceptance by position", "ideal speedup", "measured/ideal"], rows)
+        print_table(["set"] + SPEC_HEADERS + ["acceptance by position"], rows)
     if "types" in args.only:
         rows = other_types(tok, args)
         print("\ntarget-only in other weight types (HumanEval prompts)")
@@ -195,13 +175,10 @@ def main() -> int:
                   f"{best_spec:.1f} t/s = {best_spec / fastest[1]:.2f}x")
     if "llama" in args.only and not args.no_llama_cpp:
         bin_dir = llama_cpp_build.bin_dir()
-        rendered, prompts = chat_prompts(tok, "humaneval", args.n_prompts)
-        spec = dg.SpeculativeConfig(n_max=8)
-        with dg.LLM(target, draft_model_path=draft, speculative=spec, n_ctx=1024, n_threads=args.threads) as llm:
-            llm.generate(prompts[0], max_tokens=8)
-            ours = statistics.median(llm.generate(p, max_tokens=args.max_tokens).stats.tokens_per_second
-                                     for p in prompts)
-        theirs = _llama_cpp(bin_dir, Path(target), Path(draft), rendered, args.max_tokens, args.threads)
+        rendered, prompts = set_prompts(tok, "humaneval", args.n_prompts)
+        ours = decode_speed(target, prompts, args.max_tokens, args.threads, draft=draft,
+                            speculative=dg.SpeculativeConfig(n_max=8))
+        theirs = llama_cpp_decode_speed(bin_dir, Path(target), Path(draft), rendered, args.max_tokens, args.threads)
         print("\nspeculative, HumanEval through the chat template, greedy, n_max 8")
         print_table(["program", "tokens/s"], [["dspark-ggml", round(ours, 1)], ["llama-speculative-simple", round(theirs, 1)],
                                               ["ratio", round(ours / theirs, 2)]])
@@ -213,7 +190,7 @@ def main() -> int:
         print("\nschedules (HumanEval, one sequence)")
         print_table(["schedule", "tokens/s"], schedules(target, draft, tok, args))
     if "server" in args.only and not args.no_server:
-        cmd = [sys.executable, str(HERE / "bench_server.py"), "--chat", "--prompts", "humaneval", "-m", target,
+        cmd = [sys.executable, str(Path(__file__).with_name("bench_server.py")), "--chat", "--prompts", "humaneval", "-m", target,
                "-md", draft, "--max-tokens", str(args.max_tokens), "--threads", "1"]
         print("\nserver: " + " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)

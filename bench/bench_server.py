@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,11 +33,8 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table  # noqa: E402
-
-PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in range(10):\n", "def main():\n",
-           "try:\n", "with open(path) as f:\n", "if __name__ == '__main__':\n"]
+from common import print_table, prompt_texts
+from tests.server_process import HOST, ServerProcess, free_port
 
 
 @dataclass
@@ -63,45 +59,28 @@ class Level:
 
 # ---- servers --------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A server subprocess on a free loopback port, ready once /health answers 200."""
+class Server(ServerProcess):
+    """Any server command (ours or llama-server) on a free loopback port, ready once /health answers
+    200: tests/server_process.py's readiness wait and log, for a command of our own."""
 
     def __init__(self, name: str, cmd: list[str], port: int, timeout: float = 180.0) -> None:
-        self.name, self.url = name, f"http://127.0.0.1:{port}"
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"{name} exited with {self.proc.returncode}:\n{self.tail(40)}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-        self.close()
-        raise RuntimeError(f"{name} was not ready after {timeout} s")
+        self.name, self.port, self.url, self.api_key = name, port, f"http://{HOST}:{port}", None
+        fd, log = tempfile.mkstemp(prefix="bench-server-", suffix=".log")
+        self.log_path, self._log = Path(log), os.fdopen(fd, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_ready(timeout)
 
     def tail(self, n: int = 15) -> str:
         """The last lines of the server's output."""
-        self.log.seek(0)
-        return "\n".join(self.log.read().decode(errors="replace").splitlines()[-n:])
+        return "\n".join(self.log().splitlines()[-n:])
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        """SIGTERM (a clean shutdown), SIGKILL after 30 s; the log goes."""
+        try:
+            self.terminate(30)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log_path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -170,20 +149,6 @@ def one_request(client: httpx.Client, prompt: str, max_tokens: int, chat: bool =
     first = first if first is not None else time.perf_counter()
     last = last if last is not None else first
     return Sample(first - t0, (last - first) / (tokens - 1) if tokens > 1 else 0.0, tokens)
-
-
-def load_prompt_set(name: str) -> list[str]:
-    """`short` (the built-in code starts), a shared set by name (`humaneval`, `gsm8k`, `mt-bench`,
-    `mbpp`: 8 prompts) or a JSONL file."""
-    if name == "short":
-        return PROMPTS
-    from dspark_ggml.benchmark import default_prompt_file, load_prompts
-
-    shared = default_prompt_file().parent if default_prompt_file() else None
-    path = shared / f"{name}.jsonl" if shared and (shared / f"{name}.jsonl").exists() else Path(name)
-    if path is None or not path.exists():
-        raise SystemExit(f"no prompt file for --prompts {name}")
-    return load_prompts(path, 8)
 
 
 def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int, prompts: list[str],
@@ -261,7 +226,7 @@ def main() -> int:
     if (args.model is None) != (args.model_draft is None):
         ap.error("-m and -md go together")
     pair = Pair(args.model, args.model_draft)
-    prompts = load_prompt_set(args.prompts)
+    prompts = prompt_texts(args.prompts, 8)
     n_slots = max(args.concurrency)
     mine, theirs = shlex.split(args.ours_args), shlex.split(args.llama_args)
     factories = [("dspark-ggml+draft", lambda: ours(pair, n_slots, args.threads, True, mine)),

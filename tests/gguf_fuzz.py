@@ -2,7 +2,7 @@
 loaded and, when that succeeds, run in a worker subprocess (a memory limit, a time limit per
 mutant). A worker killed by a signal or stuck past the limit is a failure, its mutant saved; a
 worker that dies is restarted after the mutant that killed it. Used by tests/test_fuzz_gguf.py (a
-few hundred mutants) and bench/fuzz_gguf.py (long runs).
+few hundred mutants) and tools/fuzz_gguf.py (long runs).
 
     python tests/gguf_fuzz.py worker BASE KIND TARGET SEED START END   # internal: the worker
 """
