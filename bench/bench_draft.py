@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # bench/, and the repo for tests/
-from common import cached_model, print_table, timed  # noqa: E402
+from common import cached_model, print_table, qwen3_0_6b, timed
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft
 
-from dspark_ggml.context import Context  # noqa: E402
-from dspark_ggml.draft import DraftContext, DraftModel  # noqa: E402
-from dspark_ggml.model import Model  # noqa: E402
-from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target  # noqa: E402
+from dspark_ggml.context import Context
+from dspark_ggml.draft import DraftContext, DraftModel
+from dspark_ggml.model import Model
 
 
 def main() -> int:
@@ -36,11 +34,11 @@ def main() -> int:
     args = ap.parse_args()
 
     tcfg = TargetConfig.qwen3_0_6b_shape(dtype=args.dtype)
-    tpath = cached_model(f"qwen3-0.6b-random-{args.dtype}.gguf", lambda p: write_target(p, tcfg, seed=0, return_weights=False))
-    common = dict(n_layer=2, n_head=16, n_head_kv=8, head_dim=128, n_ff=3072, block_size=16, dtype=args.dtype)
+    tpath = qwen3_0_6b(args.dtype)
+    backbone = dict(n_layer=2, n_head=16, n_head_kv=8, head_dim=128, n_ff=3072, block_size=16, dtype=args.dtype)
     drafts = {
-        "dflash": DraftConfig(kind="dflash", **common),
-        "dspark": DraftConfig(kind="dspark", markov_rank=args.rank, **common),
+        "dflash": DraftConfig(kind="dflash", **backbone),
+        "dspark": DraftConfig(kind="dspark", markov_rank=args.rank, **backbone),
     }
     target = Model(tpath)
     models = {k: DraftModel(cached_model(f"draft-{k}-r{args.rank}-{args.dtype}.gguf",

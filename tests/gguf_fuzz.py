@@ -2,7 +2,7 @@
 loaded and, when that succeeds, run in a worker subprocess (a memory limit, a time limit per
 mutant). A worker killed by a signal or stuck past the limit is a failure, its mutant saved; a
 worker that dies is restarted after the mutant that killed it. Used by tests/test_fuzz_gguf.py (a
-few hundred mutants) and bench/fuzz_gguf.py (long runs).
+few hundred mutants) and tools/fuzz_gguf.py (long runs).
 
     python tests/gguf_fuzz.py worker BASE KIND TARGET SEED START END   # internal: the worker
 """
@@ -102,7 +102,7 @@ class Report:
 
 def default_bases(directory: Path) -> list[Base]:
     """Tiny targets of each architecture and storage type, tiny drafts of each kind (written into
-    `directory`), and the demo pair when it is installed."""
+    `directory`), and the tiny pair."""
     from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 
     d = Path(directory)
@@ -116,7 +116,7 @@ def default_bases(directory: Path) -> list[Base]:
     write_draft(d / "reduced.gguf", DraftConfig(draft_vocab=64, own_head=True, markov_head_type="gated"), tcfg, seed=6)
     out = [Base(d / "qwen3.gguf", "target"), Base(d / "llama-q8_0.gguf", "target"), Base(d / "qwen2-f16.gguf", "target")]
     out += [Base(d / name, "draft", d / "qwen3.gguf") for name in ("dspark.gguf", "dflash.gguf", "reduced.gguf")]
-    demo = ROOT / "python" / "dspark_ggml" / "demo"
+    demo = ROOT / "tests" / "data" / "tiny_pair"
     if (demo / "target.gguf").is_file():
         out += [Base(demo / "target.gguf", "target"), Base(demo / "draft-dspark.gguf", "draft", demo / "target.gguf"),
                 Base(demo / "draft-dspark-reduced.gguf", "draft", demo / "target.gguf")]

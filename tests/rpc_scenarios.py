@@ -19,7 +19,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark_ggml as dg  # noqa: E402
-from dspark_ggml import demo  # noqa: E402
+from tests import tiny_pair as demo  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, x):"]
 

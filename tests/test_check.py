@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dspark_ggml.check import check_draft, verdict
-from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
+from tests.tiny_pair import DRAFT_PATH, TARGET_PATH
 from tests.gguf_edit import rewrite_gguf
 
 

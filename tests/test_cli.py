@@ -131,21 +131,26 @@ def test_a_small_context_refuses_a_long_prompt_as_too_long(models, capsys):
 def test_demo_without_its_files(monkeypatch, tmp_path, capsys):
     import dspark_ggml.demo as demo
 
-    monkeypatch.setattr(demo, "TARGET_PATH", str(tmp_path / "missing.gguf"))
-    rc, _, err = _run(capsys, "generate", "--demo", "def fibonacci(n):")
-    assert rc == 1 and "demo pair is not installed" in err and "missing.gguf" in err
+    monkeypatch.setattr(demo, "DRAFT_PATH", str(tmp_path / "missing.gguf"))
+    rc, _, err = _run(capsys, "generate", "--demo", "Hello")
+    assert rc == 1 and "demo draft is not installed" in err and "missing.gguf" in err
 
 
-def test_demo_runs_when_installed(capsys):
+def test_demo_runs_the_real_pair_through_the_chat_template(capsys):
+    """`generate --demo`: SmolLM2 (fetched once, requantized once) with the shipped draft; the prompt
+    is a chat message; the text is the target's own greedy answer, drafted with real acceptance."""
     import dspark_ggml.demo as demo
 
-    assert os.path.isfile(demo.TARGET_PATH) and os.path.isfile(demo.DRAFT_PATH)  # shipped with the package
-    rc, out, _ = _run(capsys, "generate", "--demo", *THREADS, "-n", "64", "--json", "def fibonacci(n):")
+    assert os.path.isfile(demo.DRAFT_PATH)  # shipped with the package
+    question = "What is the capital of France? Answer in one sentence."
+    rc, out, _ = _run(capsys, "generate", "--demo", "-t", "2", "-n", "32", "--json", question)
     d = json.loads(out)
-    assert rc == 0 and d["method"] == "dspark" and len(d["tokens"]) == 64
-    assert d["stats"]["mean_accepted_length"] > 3  # real acceptance
-    with LLM(demo.TARGET_PATH, n_threads=1) as target_only:  # the demo prompt gets a final newline
-        assert target_only.generate("def fibonacci(n):\n", max_tokens=64).tokens == d["tokens"]
+    assert rc == 0 and d["method"] == "dspark"
+    assert "Paris" in d["text"]
+    assert d["stats"]["mean_accepted_length"] > 2  # real acceptance
+    with LLM(demo.target_path(), n_threads=2) as target_only:
+        chat = target_only.apply_chat_template([{"role": "user", "content": question}])
+        assert target_only.generate(chat, max_tokens=32).tokens == d["tokens"]
 
 
 def test_chat_in_process(models, llm, monkeypatch, capsys):

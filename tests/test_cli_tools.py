@@ -1,10 +1,10 @@
-"""The CLI's tool commands: info --system, check, bench (on the demo pair that ships with the package)."""
+"""The CLI's tool commands: info --system, check, bench (on the tiny pair of the tests)."""
 from __future__ import annotations
 
 import json
 
 from dspark_ggml.cli import main
-from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
+from tests.tiny_pair import DRAFT_PATH, TARGET_PATH
 
 
 def test_info_lists_the_system_and_devices(capsys):

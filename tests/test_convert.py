@@ -985,7 +985,7 @@ def test_gemma4_per_layer_config_keys_are_read_as_layer_numbers():
     12-layer model): the global layers' head size and KV heads are found all the same."""
     from transformers import Gemma4TextConfig
 
-    from dspark_ggml.convert.gemma4 import read_gemma4
+    from dspark_ggml.convert.archs.gemma4 import read_gemma4
     from dspark_ggml.convert.hf_config import Config
 
     types = (["sliding_attention"] * 5 + ["full_attention"]) * 2

@@ -3,7 +3,7 @@ tests/gguf_mutate.py) is loaded and, if it loads, generates a few tokens greedy 
 worker subprocess with a memory and time limit (tests/gguf_fuzz.py). A signal or a hang fails the test with the mutant
 saved; a Python exception that is not a DSparkError (no clear message) fails it too.
 
-A fixed seed and a few hundred mutants here; `python bench/fuzz_gguf.py --n 20000` for long runs.
+A fixed seed and a few hundred mutants here; `python tools/fuzz_gguf.py --n 20000` for long runs.
 """
 from __future__ import annotations
 

@@ -389,7 +389,7 @@ def test_import_does_not_load_the_native_library():
 def test_confidence_schedule_with_several_sequences_loads_and_is_lossless():
     """The schedule's verify-cost calibration lays its batches out as verify batches (one block per
     sequence), so it fits the per-sequence output limit of a multi-sequence LLM."""
-    from dspark_ggml import demo
+    from tests import tiny_pair as demo
 
     prompts = ["def f(x):\n", "import os\n"]
     with LLM(demo.TARGET_PATH, n_ctx=512, n_seq_max=2, n_threads=1) as plain:

@@ -17,6 +17,7 @@ import pytest
 
 from dspark_ggml import _lib
 
+from tests import tiny_pair
 from tests.server_process import free_port
 
 SCENARIOS = Path(__file__).with_name("rpc_scenarios.py")
@@ -81,7 +82,7 @@ def test_unusable_servers_and_splits_are_refused_clearly() -> None:
 
 
 def _generate_cli(*extra: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, "-m", "dspark_ggml", "generate", "--demo", "-n", "32", "--json",
+    proc = subprocess.run([sys.executable, "-m", "dspark_ggml", "generate", "-m", tiny_pair.TARGET_PATH, "-md", tiny_pair.DRAFT_PATH, "-n", "32", "--json",
                            "--prompt", "def fibonacci(n):", *extra], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -119,7 +120,7 @@ def test_server_on_rpc_reports_a_lost_device(tmp_path) -> None:
     server = None
     try:
         rpc_index = len(devices())  # RPC0 comes after this process's local devices
-        server = ServerProcess(["--demo", "--rpc", f"127.0.0.1:{port}", "--device", str(rpc_index), "-np", "2"],
+        server = ServerProcess(["-m", tiny_pair.TARGET_PATH, "-md", tiny_pair.DRAFT_PATH, "--rpc", f"127.0.0.1:{port}", "--device", str(rpc_index), "-np", "2"],
                                tmp_path / "server.log")
         body = {"prompt": "def fibonacci(n):", "max_tokens": 16, "temperature": 0}
         with server.client() as c:

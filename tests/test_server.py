@@ -19,15 +19,15 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from dspark_ggml import LLM  # noqa: E402
-from dspark_ggml.demo import TARGET_PATH  # noqa: E402
+from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
 
 from server_process import ServerProcess  # noqa: E402
 
 KEY = "test-key-0123456789"
-MODEL = "dspark-ggml-demo"
+MODEL = "target"
 MAX_BODY = 65536
 SERVER_FA = {"on": True, "off": False}.get(os.environ.get("DSPARK_TEST_SERVER_FA", ""), "auto")
-COMMON = ["--demo", "-t", "1",  # tiny models: more threads only add overhead on a shared machine
+COMMON = ["-m", TARGET_PATH, "-md", DRAFT_PATH, "-t", "1",  # tiny models: more threads only add overhead on a shared machine
           "-fa", {True: "on", False: "off", "auto": "auto"}[SERVER_FA]]
 PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in range(10):\n", "def main():\n",
            "try:\n", "with open(path) as f:\n", "if __name__ == '__main__':\n"]
@@ -142,7 +142,8 @@ def _send_openai(case: Case, oai) -> Answer:
         c = r.choices[0]
         return Answer(c.message.content if case.chat else c.text, c.finish_reason, r.usage.completion_tokens)
     text, finish, usage = [], None, None
-    for chunk in api.create(**body, stream=True, extra_body=extra or None):
+    usage_please = {"include_usage": True}
+    for chunk in api.create(**body, stream=True, stream_options=usage_please, extra_body=extra or None):
         if chunk.usage is not None:
             usage = chunk.usage.completion_tokens
         for c in chunk.choices:
@@ -160,7 +161,8 @@ def _send_http(case: Case, http) -> Answer:
         c = d["choices"][0]
         return Answer(c["message"]["content"] if case.chat else c["text"], c["finish_reason"],
                       d["usage"]["completion_tokens"])
-    chunks = list(sse_events(http, path, {**case.body, "stream": True}))
+    body = {**case.body, "stream": True, "stream_options": {"include_usage": True}}
+    chunks = list(sse_events(http, path, body))
     text, finish, usage = [], None, None
     for chunk in chunks:
         if chunk.get("usage"):
@@ -229,7 +231,7 @@ def test_n_choices_and_speculative_stats(http, reference):
 
 def test_chat_stream_chunk_format(http, reference):
     messages = [{"role": "user", "content": "hi"}]
-    body = {"messages": messages, "max_tokens": 10, "stream": True}
+    body = {"messages": messages, "max_tokens": 10, "stream": True, "stream_options": {"include_usage": True}}
     chunks = sse_events(http, "/v1/chat/completions", body)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)

@@ -14,16 +14,16 @@ DEFAULTS = SamplingParams(max_tokens=100, temperature=0.0)
 
 def test_defaults_fill_what_the_request_leaves_out():
     r = parse_completion({"prompt": "x", "temperature": None}, DEFAULTS, n_slots=4)
-    assert (r.prompt, r.n, r.stream, r.include_usage, r.speculative) == ("x", 1, False, True, None)
+    assert (r.prompts, r.n, r.stream, r.include_usage, r.speculative) == (["x"], 1, False, False, None)
     assert r.sampling == DEFAULTS and r.sampling is not DEFAULTS
 
 
 def test_sampling_fields_and_spellings():
     r = parse_completion({"prompt": [[1, 2, 3]], "max_tokens": 7, "temperature": 0.5, "top_p": 0.9,
                           "top_k": -1, "min_p": 0.1, "seed": 42, "stop": "\n", "stop_token_ids": [5],
-                          "n": 2, "stream": True, "stream_options": {"include_usage": False}}, DEFAULTS, 4)
+                          "n": 2, "stream": True, "stream_options": {"include_usage": True}}, DEFAULTS, 4)
     s = r.sampling
-    assert r.prompt == [1, 2, 3] and (r.n, r.stream, r.include_usage) == (2, True, False)
+    assert r.prompts == [[1, 2, 3]] and (r.n, r.stream, r.include_usage) == (2, True, True)
     assert (s.max_tokens, s.temperature, s.top_p, s.top_k, s.min_p, s.seed) == (7, 0.5, 0.9, 0, 0.1, 42)
     assert (s.stop, s.stop_token_ids) == (["\n"], [5])
     chat = parse_chat({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
@@ -62,9 +62,15 @@ def test_speculative_override(value, expected):
     ({"prompt": "x", "best_of": 3}, "best_of"),
     ({"prompt": "x", "model": 3}, "model"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": ["a", []]}, "prompt"),
+    ({"prompt": ["a", [1, "b"]]}, "prompt"),
     ({"prompt": [1, "a"]}, "prompt"),
     ({"prompt": [True]}, "prompt"),
+    ({"prompt": "x", "max_tokens": 2**31}, "max_tokens"),
+    ({"prompt": "x", "top_k": 2**31}, "top_k"),
+    ({"prompt": "x", "speculative": {"n_max": 2**31}}, "n_max"),
+    ({"prompt": "x", "temperature": float("inf")}, "temperature"),
+    ({"prompt": "x", "ignore_eos": "yes"}, "ignore_eos"),
 ])
 def test_bad_completion_fields(body, param):
     with pytest.raises(ApiError) as e:
@@ -96,3 +102,23 @@ def test_not_an_object_and_the_token_endpoints():
     assert parse_detokenize({"tokens": []}, 10) == []
     with pytest.raises(ApiError):
         parse_detokenize({"tokens": [10]}, 10)
+
+
+def test_several_prompts_and_ignore_eos():
+    body = {"prompt": ["a", [1, 2], "b"], "n": 2, "ignore_eos": True}
+    r = parse_completion(body, DEFAULTS, 4, max_sequences=6)
+    assert r.prompts == ["a", [1, 2], "b"] and r.n_sequences == 6
+    assert r.speculative == SpecOverride(ignore_eos=True)
+    off = parse_completion({"prompt": "x", "speculative": False, "ignore_eos": True}, DEFAULTS, 4)
+    assert off.speculative == SpecOverride(off=True, ignore_eos=True)
+    with pytest.raises(ApiError) as e:  # more sequences than the server ever admits at once
+        parse_completion({"prompt": ["a", "b", "c"], "n": 3}, DEFAULTS, 4, max_sequences=8)
+    assert e.value.status == 400 and e.value.param == "prompt"
+
+
+def test_usage_chunk_only_when_asked():
+    stream = {"prompt": "x", "stream": True}
+    assert not parse_completion(stream, DEFAULTS, 4).include_usage
+    assert parse_completion({**stream, "stream_options": {"include_usage": True}}, DEFAULTS, 4).include_usage
+    not_streamed = {"prompt": "x", "stream_options": {"include_usage": True}}
+    assert not parse_completion(not_streamed, DEFAULTS, 4).include_usage

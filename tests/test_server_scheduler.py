@@ -9,7 +9,7 @@ import pytest
 
 from dspark_ggml import LLM
 from dspark_ggml.decode_loop import Request
-from dspark_ggml.demo import DRAFT_PATH, TARGET_PATH
+from tests.tiny_pair import DRAFT_PATH, TARGET_PATH
 from dspark_ggml.errors import InvalidArgumentError
 from dspark_ggml.sampling import SamplingParams
 from dspark_ggml.server.engines import EnginePool, SpecOverride
@@ -99,18 +99,45 @@ def test_speculative_off_and_n_max_share_the_contexts(make_scheduler, target_onl
     sched.submit([small, job(llm, max_tokens=24, speculative=SpecOverride(off=True))])
     t_small, _, s_small = result(small)
     assert t_small == want and s_small.n_drafted > 0 and len(s_small.drafted_at) <= 2  # at most 2 positions
-    assert len(pool.engines()) == 3
-    assert pool.get(SpecOverride(n_max=99)) is pool.default  # clamped to the draft's maximum: the default
-    assert pool.get(SpecOverride(n_max=2)) is pool.get(SpecOverride(n_max=2, p_min=0.0))
+    wait_until(lambda: sched.busy_slots == 0)
+    assert len(pool.engines()) == 2  # the default and target-only engines; n_max=2's left with its sequence
+
+
+def test_engines_are_counted_and_freed(make_scheduler):
+    """An override engine lives while a sequence holds it: more than MAX_ENGINES settings over
+    time are fine, MAX_ENGINES + 1 at once are not (the last must wait)."""
+    from dspark_ggml.server.engines import MAX_ENGINES, TooManySettingsError
+
+    _, pool, llm = make_scheduler()
+    assert pool.acquire(SpecOverride(n_max=99)) is pool.default  # clamped to the draft's maximum: the default
+    a = pool.acquire(SpecOverride(n_max=2))
+    assert pool.acquire(SpecOverride(n_max=2, p_min=0.0)) is a  # the same setting, held twice
+    assert MAX_ENGINES == 8 and llm.draft_model.info.max_draft == 8  # n_max 1 .. 7 are 7 settings
+    held = [pool.acquire(SpecOverride(n_max=k)) for k in (1, 3, 4, 5, 6, 7)]
+    held.append(pool.acquire(SpecOverride(n_max=2, ignore_eos=True)))
+    off = pool.acquire(SpecOverride(off=True))  # the target-only engine is not counted
+    with pytest.raises(TooManySettingsError):
+        pool.acquire(SpecOverride(n_max=1, ignore_eos=True))
+    pool.release(a)
+    assert a in pool.engines()  # still held once
+    pool.release(a)
+    assert a not in pool.engines()
+    b = pool.acquire(SpecOverride(n_max=1, ignore_eos=True))  # room again
+    for e in [b, off, *held]:
+        pool.release(e)
+    assert pool.engines() == [pool.default, off]
 
 
 def test_overrides_the_setting_cannot_take_are_refused():
     with LLM(TARGET_PATH, draft_model_path=DRAFT_PATH, n_threads=1, n_seq_max=1, flash_attn=False,
              speculative={"schedule": "confidence"}) as llm:
         pool = EnginePool(llm)
-        assert pool.get(SpecOverride(off=True)) is not pool.default
+        assert pool.acquire(SpecOverride(off=True)) is not pool.default
         with pytest.raises(InvalidArgumentError, match="static or adaptive"):
-            pool.get(SpecOverride(n_max=3))
+            pool.acquire(SpecOverride(n_max=3))
+        eos = pool.acquire(SpecOverride(ignore_eos=True))  # the server's n_max: static, no calibration
+        assert eos is not pool.default
+        pool.release(eos)
         pool.close()
 
 

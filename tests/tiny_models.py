@@ -40,15 +40,15 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType, quants
 
 from dspark_ggml.convert import gguf_keys as K
+from dspark_ggml.convert.archs.dense import GLOBAL_TENSORS as TARGET_NAMES
+from dspark_ggml.convert.archs.gemma4 import gguf_layer_name as gemma4_layer_name
 from dspark_ggml.convert.backbone import Backbone, write_backbone_kv
 from dspark_ggml.convert.backbone import RopeScaling as BackboneRope
 from dspark_ggml.convert.draft_plan import ARCH as DRAFT_ARCH
 from dspark_ggml.convert.draft_plan import GLOBAL_NAMES as DRAFT_NAMES
-from dspark_ggml.convert.gemma4_tensors import gguf_layer_name as gemma4_layer_name
 from dspark_ggml.convert.metadata import KeyValues
 from dspark_ggml.convert.plan import ModelPlan, PlannedTensor
 from dspark_ggml.convert.quant import GGML_QUANTIZED, RUNTIME_OUT_TYPES, OutType, encode, tensor_type
-from dspark_ggml.convert.targets import GLOBAL_TENSORS as TARGET_NAMES
 from dspark_ggml.convert.tensor_names import D2T, ROPE_FREQS, layer_tensor_name, layer_tensor_shapes
 from dspark_ggml.convert.writer import write_gguf
 

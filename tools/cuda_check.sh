@@ -43,6 +43,7 @@ python3 -m venv .venv-cuda
 .venv-cuda/bin/dspark-ggml info --system | grep -q "CUDA0" || { echo "no CUDA device" >&2; exit 1; }
 .venv-cuda/bin/python -m pytest -q -m device tests/test_devices.py
 mkdir -p bench/results
-for b in bench_target bench_draft bench_spec; do
+for b in bench_target bench_draft; do
     .venv-cuda/bin/python bench/$b.py | tee bench/results/cuda-$b.txt
 done
+.venv-cuda/bin/dspark-ggml bench -t 2 | tee bench/results/cuda-bench.txt

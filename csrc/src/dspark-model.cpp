@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+
 #include "models/dflash.h"
 
 dspark_model::dspark_model() = default;
@@ -80,11 +82,11 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
     m->weights.reset(new dspark_weights(path));
     const dspark_gguf & f = m->file();
     m->arch = f.get_str("general.architecture");
-    if (m->arch == "dflash") {
+    if (dspark_is_draft_arch(m->arch)) {
         f.fail(DSPARK_STATUS_INVALID_ARGUMENT, "this is a DFlash/DSpark draft model; load it as a draft for a target");
     }
-    if (!dspark_is_target_arch(m->arch)) {
-        f.fail(DSPARK_STATUS_UNSUPPORTED, "unknown architecture '" + m->arch + "' (supported: qwen3, qwen2, llama, qwen3moe, gemma4)");
+    if (!dspark_target_arch_find(m->arch)) {
+        f.fail(DSPARK_STATUS_UNSUPPORTED, "unknown architecture '" + m->arch + "' (supported: " + dspark_target_arch_names() + ")");
     }
     m->target.reset(new target_model());
     m->target->load(*m->weights);
@@ -94,8 +96,8 @@ dspark_model * dspark_model_load_target(const std::string & path, const dspark_m
     m->weights->warn_unused();
     const dspark_placement where = placement_for(params, dspark_device_pick(params.device), (int) m->target->hp.n_layer);
     dspark_rpc_check_alive(where.devices());  // a lost server would be waited on by the upload
-    m->weights->load(where, params.use_mmap, params.cpu_repack,
-                     {"token_embd.weight", "per_layer_token_embd.weight"});
+    const std::vector<std::string> & tables = m->target->lookup_tables;
+    m->weights->load(where, params.use_mmap, params.cpu_repack, std::set<std::string>(tables.begin(), tables.end()));
     m->device_names = names_of(m->weights->devices);
     if (m->target->output == m->target->tok_embd) {  // tied: the lm head's matmuls from a repacked copy
         if (ggml_tensor * copy = m->weights->repacked_copy("token_embd.weight")) {
@@ -136,7 +138,7 @@ dspark_model * dspark_model_load_draft(const std::string & path, const dspark_mo
     m->weights.reset(new dspark_weights(path));
     const dspark_gguf & f = m->file();
     m->arch = f.get_str("general.architecture");
-    if (m->arch != "dflash") {
+    if (!dspark_is_draft_arch(m->arch)) {
         f.fail(DSPARK_STATUS_INVALID_ARGUMENT, "architecture '" + m->arch + "' is not a DFlash/DSpark draft (expected 'dflash')");
     }
     m->borrowed = target;

@@ -1,5 +1,5 @@
 """Target-only vs speculative decoding on the same prompts, measured side by side in one run
-(machines are noisy: the ratios are what to read). Used by `dspark-ggml bench` and bench/bench_spec.py."""
+(machines are noisy: the ratios are what to read). Used by `dspark-ggml bench` and the scripts in bench/."""
 from __future__ import annotations
 
 import json
@@ -29,11 +29,30 @@ class BenchRow:
         return self.spec_tok_s / self.target_tok_s
 
     @property
+    def draft_ms(self) -> float:
+        """One speculative step's draft pass."""
+        return self.stats.t_draft_ms / max(self.stats.n_steps, 1)
+
+    @property
+    def verify_ms(self) -> float:
+        """One speculative step's verify pass."""
+        return self.stats.t_verify_ms / max(self.stats.n_steps, 1)
+
+    @property
+    def host_ms(self) -> float:
+        """One speculative step's host work (sampling, acceptance, bookkeeping)."""
+        return self.stats.t_host_ms / max(self.stats.n_steps, 1)
+
+    @property
     def ideal_speedup(self) -> float:
         """What tau and the measured pass costs allow: tau * t_target_step / (t_draft + t_verify)."""
-        st = self.stats
-        per_step = (st.t_draft_ms + st.t_verify_ms) / max(st.n_steps, 1)
-        return st.mean_accepted_length * self.t_target_step_ms / per_step if per_step else 0.0
+        per_step = self.draft_ms + self.verify_ms
+        return self.stats.mean_accepted_length * self.t_target_step_ms / per_step if per_step else 0.0
+
+    @property
+    def measured_over_ideal(self) -> float:
+        """speedup / ideal_speedup: what the engine costs beyond the two passes (1: nothing)."""
+        return self.speedup / self.ideal_speedup if self.ideal_speedup else 0.0
 
 
 def load_prompts(path: str | os.PathLike[str], n: int) -> list[str]:

@@ -2,7 +2,7 @@
 acceptance and end-to-end speed of speculative vs target-only decoding, on the same held-out code
 prompts as evaluate.py.
 
-    python tools/demo_pair/bench_ggml.py [--dir python/dspark_ggml/demo] [--threads 2]
+    python tools/demo_pair/bench_ggml.py [--dir tests/data/tiny_pair] [--threads 2]
 
 Greedy: the draft chain is argmax and tokens are accepted while they match the target's argmax.
 T=0.7: draft_mode "probabilistic" (sampled chain, rejection sampling min(1, p/q)).

@@ -1,6 +1,6 @@
 """Convert the demo pair with the project's converter and place the GGUFs as package data.
 
-    python tools/demo_pair/convert_all.py --out /tmp/demo_pair_out [--dest python/dspark_ggml/demo]
+    python tools/demo_pair/convert_all.py --out /tmp/demo_pair_out [--dest tests/data/tiny_pair]
 
 Writes target.gguf (from OUT/target), draft-dspark.gguf (from OUT/draft-dspark, DeepSpec format)
 and draft-dspark-reduced.gguf (from OUT/draft-dspark-reduced, speculators format with d2t), all q8_0,
@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/demo_pair_out")
-    ap.add_argument("--dest", default=os.path.join(REPO, "python", "dspark_ggml", "demo"))
+    ap.add_argument("--dest", default=os.path.join(REPO, "tests", "data", "tiny_pair"))
     ap.add_argument("--outtype", default="q8_0")
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.join(REPO, "python"))

@@ -2,42 +2,41 @@
 
 #include <cmath>
 
-ggml_tensor * dspark_target_attention(const target_layer_io & c, int il, ggml_tensor * h) {
+ggml_tensor * dspark_target_attention(const target_layer_io & c, int il, ggml_tensor * h, const target_attn_opts & opts) {
     const target_hparams & hp = c.m.hp;
-    const target_layer & l = c.m.layers[il];
+    const target_layer & l = c.layer(il);
     const dspark_graph & g = c.g;
     ggml_context * ctx = g.ctx;
     const int64_t T = h->ne[1], D = l.head_dim;
 
-    ggml_tensor * q = ggml_reshape_3d(ctx, g.add(g.mm(l.wq, h), l.bq), D, hp.n_head, T);
+    ggml_tensor * q = ggml_reshape_3d(ctx, g.add(g.mm(l.wq, h), l.bq), D, hp.n_head, T);  // [D, H, T]
     if (l.q_norm) {
-        q = g.rms_norm(q, l.q_norm, hp.rms_eps);
+        q = c.norm(q, l.q_norm);
     }
     q = g.rope(q, c.io.pos, l.rope, l.rope_freqs);
     if (l.has_kv()) {
         ggml_tensor * k_proj = g.add(g.mm(l.wk, h), l.bk);
-        ggml_tensor * k = ggml_reshape_3d(ctx, k_proj, D, l.n_head_kv, T);
-        // Gemma-4 global layers without attn_v take V from K's projection (attention_k_eq_v)
+        ggml_tensor * k = ggml_reshape_3d(ctx, k_proj, D, l.n_head_kv, T);  // [D, Hkv, T]
+        // a layer without its own V projection takes V from K's (before K's norm and rope)
         ggml_tensor * v = l.wv ? ggml_reshape_3d(ctx, g.add(g.mm(l.wv, h), l.bv), D, l.n_head_kv, T) : k;
         if (l.k_norm) {
-            k = g.rms_norm(k, l.k_norm, hp.rms_eps);
+            k = c.norm(k, l.k_norm);
         }
-        if (hp.gemma) {
-            v = g.rms_norm(v, nullptr, hp.rms_eps);  // Gemma-4 normalises V (no weight, no rope)
+        if (opts.v_norm) {
+            v = c.norm(v, nullptr);
         }
         k = g.rope(k, c.io.pos, l.rope, l.rope_freqs);
         g.store_kv(c.kv, il, k, v, c.io.kv_idx);
     }
-    // Gemma-4 scales nothing: its q/k norms set the logit scale
-    const float scale = hp.gemma ? 1.0f : 1.0f / sqrtf((float) D);
+    const float scale = opts.kq_scale != 0.0f ? opts.kq_scale : 1.0f / sqrtf((float) D);
     ggml_tensor * mask = l.swa ? c.io.mask_swa : c.io.mask;
-    ggml_tensor * a = g.attention(c.kv, l.kv_src, q, mask, c.n_kv, (int) D, l.n_head_kv, scale, c.flash);
+    ggml_tensor * a = g.attention(c.kv, l.kv_src, q, mask, c.n_kv, (int) D, l.n_head_kv, scale, c.flash);  // [D·H, T]
     return g.add(g.mm(l.wo, a), l.bo);
 }
 
 ggml_tensor * dspark_target_moe(const target_layer_io & c, int il, ggml_tensor * h, ggml_tensor * router_in, bool gelu) {
     const target_hparams & hp = c.m.hp;
-    const target_layer & l = c.m.layers[il];
+    const target_layer & l = c.layer(il);
     const dspark_graph & g = c.g;
     dspark_moe e;
     e.gate = l.ffn_gate_exps;
@@ -60,22 +59,8 @@ ggml_tensor * dspark_target_moe(const target_layer_io & c, int il, ggml_tensor *
     return y;
 }
 
-// One llama-family decoder layer: pre-norm attention and FFN (SwiGLU or experts), each added to
-// the residual stream x [E, T].
-static ggml_tensor * decoder_layer(const target_layer_io & c, int il, ggml_tensor * x) {
-    const target_hparams & hp = c.m.hp;
-    const target_layer & l = c.m.layers[il];
-    const dspark_graph & g = c.g;
-    x = ggml_add(g.ctx, x, dspark_target_attention(c, il, g.rms_norm(x, l.attn_norm, hp.rms_eps)));
-    ggml_tensor * h = g.rms_norm(x, l.ffn_norm, hp.rms_eps);
-    ggml_tensor * y = l.is_moe() ? dspark_target_moe(c, il, h, h, false) : g.ffn(h, l.ffn_gate, l.ffn_up, l.ffn_down, false);
-    return ggml_add(g.ctx, x, y);
-}
-
-target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
-                                int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
-                                bool flash_attn, const dspark_sampler_shape * sampling) {
-    ggml_context * ctx = g.ctx;
+// The graph's inputs, filled on the host after allocation.
+static target_graph graph_inputs(ggml_context * ctx, const target_model & m, int n_tokens, int n_outputs, int n_kv) {
     target_graph io;
     io.tokens = dspark_graph_input(ctx, GGML_TYPE_I32, n_tokens, 0, "inp_tokens");
     io.pos    = dspark_graph_input(ctx, GGML_TYPE_I32, n_tokens, 0, "inp_pos");
@@ -87,55 +72,87 @@ target_graph build_target_graph(const dspark_graph & g, const target_model & m, 
     if (n_outputs < n_tokens) {
         io.out_ids = dspark_graph_input(ctx, GGML_TYPE_I32, n_outputs, 0, "inp_out_ids");
     }
+    return io;
+}
 
+// The draft's features [len(capture)·E, T]: the residual streams entering the requested layers
+// (layer_inp[id]), concatenated; null when nothing is captured.
+static ggml_tensor * captured_features(const dspark_graph & g, const std::vector<ggml_tensor *> & layer_inp,
+                                       const std::vector<int32_t> & capture) {
+    ggml_tensor * out = nullptr;
+    for (int32_t id : capture) {
+        out = out ? ggml_concat(g.ctx, out, layer_inp[id], 0) : layer_inp[id];
+    }
+    if (!out) {
+        return nullptr;
+    }
+    if (capture.size() == 1) {
+        out = ggml_cont(g.ctx, out);  // its own buffer, not a reused intermediate
+    }
+    ggml_set_name(out, "captured");
+    ggml_set_output(out);
+    g.expand(out);
+    return out;
+}
+
+// The logits [V, n_outputs] of the final residual stream x [E, T]: output norm and lm head on the
+// output rows only, then the optional soft-capping c · tanh(logits / c).
+static ggml_tensor * output_logits(const dspark_graph & g, const target_model & m, ggml_tensor * x, ggml_tensor * out_ids) {
+    ggml_context * ctx = g.ctx;
     const target_hparams & hp = m.hp;
-    const target_layer_io c = {g, m, kv, io, n_kv, flash_attn};
-    std::vector<ggml_tensor *> layer_inp(hp.n_layer + 1, nullptr);
+    if (out_ids) {
+        x = ggml_get_rows(ctx, x, out_ids);  // only output rows reach the (large) lm head
+    }
+    x = g.rms_norm(x, m.output_norm, hp.rms_eps);
+    ggml_tensor * logits = g.mm(m.output, x);
+    if (hp.logit_softcap > 0.0f) {
+        logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, 1.0f / hp.logit_softcap)), hp.logit_softcap);
+    }
+    ggml_set_name(logits, "logits");
+    return logits;
+}
+
+// In-graph sampling of io.logits, one sampler per output row: only the sampled ids (and the
+// probed probabilities) leave the backend.
+static void sample_in_graph(const dspark_graph & g, target_graph & io, const dspark_sampler_shape & sampling) {
+    io.sampler = dspark_build_sampler(g.ctx, io.logits, sampling);
+    for (ggml_tensor * t : {io.sampler.tokens, io.sampler.probed}) {
+        if (t) {
+            ggml_set_output(t);
+            g.expand(t);
+        }
+    }
+    if (sampling.probe) {
+        ggml_set_output(io.logits);  // kept on the backend: a rejection reads one row back
+    }
+}
+
+target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
+                                int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
+                                bool flash_attn, const dspark_sampler_shape * sampling) {
+    ggml_context * ctx = g.ctx;
+    const target_hparams & hp = m.hp;
+    target_graph io = graph_inputs(ctx, m, n_tokens, n_outputs, n_kv);
+
     ggml_tensor * x = ggml_get_rows(ctx, m.tok_embd, io.tokens);  // [E, T]
     if (hp.embd_scale != 1.0f) {
         x = ggml_scale(ctx, x, hp.embd_scale);
     }
-    ggml_tensor * per_layer = m.per_layer_tok_embd ? dspark_gemma4_per_layer_inputs(g, m, io.tokens, x) : nullptr;
+    target_layer_io c = {g, m, kv, io, n_kv, flash_attn};
+    if (m.arch->layer_inputs) {
+        c.layer_inp = m.arch->layer_inputs(g, m, io.tokens, x);
+    }
+    std::vector<ggml_tensor *> layer_inp(hp.n_layer + 1, nullptr);  // the residual stream entering each layer
     for (int il = 0; il < hp.n_layer; ++il) {
         layer_inp[il] = x;
-        x = hp.gemma ? dspark_gemma4_layer(c, il, x, per_layer) : decoder_layer(c, il, x);
+        x = m.arch->layer(c, il, x);
     }
     layer_inp[hp.n_layer] = x;
 
-    // the draft's features: the residual streams entering the requested layers, concatenated
-    for (int32_t id : capture) {
-        io.captured = io.captured ? ggml_concat(ctx, io.captured, layer_inp[id], 0) : layer_inp[id];
-    }
-    if (io.captured) {
-        if (capture.size() == 1) {
-            io.captured = ggml_cont(ctx, io.captured);  // its own buffer, not a reused intermediate
-        }
-        ggml_set_name(io.captured, "captured");
-        ggml_set_output(io.captured);
-        g.expand(io.captured);
-    }
-
-    if (io.out_ids) {
-        x = ggml_get_rows(ctx, x, io.out_ids);  // only output rows reach the (large) lm head
-    }
-    x = g.rms_norm(x, m.output_norm, hp.rms_eps);
-    io.logits = g.mm(m.output, x);
-    if (hp.logit_softcap > 0.0f) {
-        io.logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, io.logits, 1.0f / hp.logit_softcap)), hp.logit_softcap);
-    }
-    ggml_set_name(io.logits, "logits");
+    io.captured = captured_features(g, layer_inp, capture);
+    io.logits = output_logits(g, m, x, io.out_ids);
     if (sampling) {
-        // only the sampled ids (and probabilities) leave the backend
-        io.sampler = dspark_build_sampler(ctx, io.logits, *sampling);
-        for (ggml_tensor * t : {io.sampler.tokens, io.sampler.probed}) {
-            if (t) {
-                ggml_set_output(t);
-                g.expand(t);
-            }
-        }
-        if (sampling->probe) {
-            ggml_set_output(io.logits);  // kept on the backend: a rejection reads one row back
-        }
+        sample_in_graph(g, io, *sampling);
         return io;
     }
     ggml_set_output(io.logits);

@@ -36,7 +36,7 @@ struct target_graph_key {
     }
 };
 
-// The pieces of one layer's graph, shared by the architectures' layer builders.
+// What a layer's graph is built with, handed to the architectures' layer builders.
 struct target_layer_io {
     const dspark_graph & g;
     const target_model & m;
@@ -44,18 +44,29 @@ struct target_layer_io {
     const target_graph & io;
     int  n_kv;
     bool flash;
+    ggml_tensor * layer_inp = nullptr;  // the architecture's per-graph layer input (layer_inputs), or null
+
+    const target_layer & layer(int il) const { return m.layers[il]; }
+    // RMSNorm with the model's epsilon; w may be null (no weight).
+    ggml_tensor * norm(ggml_tensor * x, ggml_tensor * w) const { return g.rms_norm(x, w, m.hp.rms_eps); }
 };
 
-// Self-attention of layer il on the normed input h [E, T] (projections, optional q/k norms, rope,
-// cache write unless the layer shares another's KV, attention, output projection).
-ggml_tensor * dspark_target_attention(const target_layer_io & c, int il, ggml_tensor * h);
-// The layer's FFN on h [E, T]: dense SwiGLU/GELU, experts, or both (qwen-style shared expert).
+// How an architecture's self-attention differs beyond the tensors its layers have.
+struct target_attn_opts {
+    float kq_scale = 0.0f;   // attention logits times this; 0: 1/sqrt(head_dim)
+    bool  v_norm   = false;  // V RMS-normalised (no weight) before it is cached
+};
+
+// Self-attention of layer il on the normed input h [E, T] (projections, optional biases and q/k
+// norms, rope, cache write unless the layer shares another's KV, attention, output projection).
+ggml_tensor * dspark_target_attention(const target_layer_io & c, int il, ggml_tensor * h,
+                                      const target_attn_opts & opts = target_attn_opts());
+// The layer's experts on h [E, T], routed by router_in [E, T]; plus the qwen-style shared expert
+// when the layer has one. GELU or SiLU gates.
 ggml_tensor * dspark_target_moe(const target_layer_io & c, int il, ggml_tensor * h, ggml_tensor * router_in, bool gelu);
 
-// models/gemma4-graph.cpp: the per-layer embedding inputs [P, T, L] of tokens whose scaled
-// embeddings are x [E, T]; one Gemma-4 decoder layer.
-ggml_tensor * dspark_gemma4_per_layer_inputs(const dspark_graph & g, const target_model & m, ggml_tensor * tokens, ggml_tensor * x);
-ggml_tensor * dspark_gemma4_layer(const target_layer_io & c, int il, ggml_tensor * x, ggml_tensor * per_layer_inp);
+// models/llama.cpp: the pre-norm decoder layer that llama, qwen2 and qwen3 share.
+ggml_tensor * dspark_llama_layer(const target_layer_io & c, int il, ggml_tensor * x);
 
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,

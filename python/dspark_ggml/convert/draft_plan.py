@@ -9,10 +9,9 @@ Decisions made here, each checked against the tensors rather than trusted from t
   replaced by the target's. If the embedding is kept but the head is not in the file, the
   runtime would tie the head to the draft's embedding, so the right head is written explicitly.
 * `d2t` offsets become absolute target ids (I64); `t2d` is only used to cross-check them.
-* Gemma-4 draft layers (for Gemma-4 targets) keep their sandwich norms and layer scalar
-  (`post_attention_norm`, `post_ffw_norm`, `layer_output_scale`), have no V projection (V comes
-  from K), and add the keys of their arithmetic: embeddings scaled by sqrt(hidden_size), QK scale
-  1, GELU, the global layers' head size and proportional rope (`rope_freqs.weight`).
+* The decoder layers are read by their architecture (`archs`, `DraftLayers.read`): the tensors
+  they must have, the keys of their arithmetic beyond the generic ones, and any rope_freqs
+  (Gemma-4 layers: `archs/gemma4.py`).
 """
 from __future__ import annotations
 
@@ -26,17 +25,16 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from . import gguf_keys as K
-from .backbone import Backbone, RopeScaling, read_backbone, write_backbone_kv
+from .archs.base import DraftBackbone, LayerTable
+from .backbone import Backbone, write_backbone_kv
 from .drafts import DraftSpec, resolve_target_layers
 from .errors import ConversionError
-from .gemma4 import ACTIVATION, Gemma4Text, read_gemma4, rope_freqs
-from .gemma4_tensors import layer_table
 from .metadata import KeyValues
 from .plan import ArrayTensor, ModelPlan, PlannedTensor, StoredTensor
 from .quant import OutType, tensor_type
 from .safetensors_io import FLOAT_DTYPES, INT_DTYPES, Checkpoint, TensorRef, read_tensor, \
     tensors_equal
-from .tensor_names import D2T, ROPE_FREQS, layer_tensor_name, layer_tensor_shapes
+from .tensor_names import D2T, ROPE_FREQS
 
 ARCH = "dflash"
 
@@ -133,20 +131,6 @@ def _expect_shape(ref: Optional[TensorRef], shape: tuple[int, ...], why: str) ->
         raise ConversionError(f"{ref.describe()}: expected shape {list(shape)} ({why})")
 
 
-LayerTable = dict[str, tuple[str, tuple[int, ...]]]  # HF name -> (GGUF name, shape)
-
-
-def _layer_table(bb: Backbone, gemma: Optional[Gemma4Text]) -> LayerTable:
-    """Every tensor the draft's decoder layers must have."""
-    if gemma is not None:
-        return {k: (e.gguf_name, e.shape) for k, e in layer_table(gemma).items() if e.required}
-    table = {}
-    for i in range(bb.n_layer):
-        for part, shape in layer_tensor_shapes(bb, qk_norm=True).items():
-            table[f"layers.{i}.{part}"] = (layer_tensor_name(f"layers.{i}.{part}")[2], shape)
-    return table
-
-
 def _check_layers(names: dict[str, TensorRef], table: LayerTable, spec: DraftSpec,
                   n_layer: int) -> None:
     for name, ref in names.items():
@@ -154,7 +138,7 @@ def _check_layers(names: dict[str, TensorRef], table: LayerTable, spec: DraftSpe
             continue
         if name not in table:
             raise ConversionError(f"{ref.describe()}: unexpected tensor for a {n_layer}-layer "
-                                  f"{spec.backbone_kind} draft")
+                                  f"{spec.layer_arch.name} draft")
         _expect_shape(ref, table[name][1], "from the draft config")
     missing = [name for name in table if name not in names]
     if missing:
@@ -315,29 +299,12 @@ def _sharing(names: dict[str, TensorRef], spec: DraftSpec, target: Target,
 # assembly
 
 
-def _gemma4_backbone(g: Gemma4Text) -> Backbone:
-    """The generic decoder keys of a Gemma-4 draft: every layer is a global layer."""
-    return Backbone(n_layer=g.n_layer, n_ctx=g.n_ctx, n_embd=g.n_embd, n_ff=g.n_ff,
-                    n_head=g.n_head, n_head_kv=g.kv_heads(0), explicit_head_dim=g.head_dim_full,
-                    rms_eps=g.rms_eps, rope_theta=g.rope_theta_full, rope=RopeScaling("none"),
-                    partial_rotary_factor=None, vocab_size=g.vocab_size, tie_word_embeddings=False,
-                    is_causal=None)
-
-
-def _gemma4_kv(g: Gemma4Text, kv: KeyValues) -> None:
-    """How a Gemma-4 layer computes, beyond the generic keys."""
-    kv.u32(K.ROPE_DIMENSION_COUNT, g.head_dim_full)  # rope_freqs keeps unrotated pairs in place
-    kv.f32(K.EMBEDDING_SCALE, g.n_embd ** 0.5)
-    kv.f32(K.ATTENTION_SCALE, 1.0)  # q_norm / k_norm take the place of 1/sqrt(head_dim)
-    kv.string(K.HIDDEN_ACTIVATION, ACTIVATION)
-
-
-def _draft_kv(spec: DraftSpec, bb: Backbone, gemma: Optional[Gemma4Text], target_layers: list[int],
+def _draft_kv(spec: DraftSpec, layers: DraftBackbone, target_layers: list[int],
               markov: Optional[Markov], has_confidence: bool) -> KeyValues:
     kv = KeyValues(ARCH)
+    bb = layers.bb
     write_backbone_kv(bb, kv)
-    if gemma is not None:
-        _gemma4_kv(gemma, kv)
+    layers.write_kv(kv)
     if bb.partial_rotary_factor is not None:
         kv.u32(K.ROPE_DIMENSION_COUNT, int(bb.head_dim * bb.partial_rotary_factor))
     for key, value in spec.scalars.items():
@@ -393,13 +360,12 @@ def _plan_tensors(plan: ModelPlan, names: dict[str, TensorRef], layers: LayerTab
 
 
 def plan_draft(spec: DraftSpec, ckpt: Checkpoint, target: Target, out: OutType) -> ModelPlan:
-    gemma = read_gemma4(spec.backbone) if spec.backbone_kind == "gemma4" else None
-    bb = _gemma4_backbone(gemma) if gemma is not None else read_backbone(spec.backbone)
+    layers = spec.layer_arch.read(spec.backbone)
+    bb = layers.bb
     _check_backbone(spec, bb, target)
     target_layers = resolve_target_layers(spec, target.n_layer)
     names = _canonical_names(spec, ckpt)
-    layers = _layer_table(bb, gemma)
-    _check_layers(names, layers, spec, bb.n_layer)
+    _check_layers(names, layers.layers, spec, bb.n_layer)
     for required in ("fc.weight", "hidden_norm.weight", "norm.weight"):
         if required not in names:
             raise ConversionError(f"the draft checkpoint has no {required}")
@@ -415,10 +381,9 @@ def plan_draft(spec: DraftSpec, ckpt: Checkpoint, target: Target, out: OutType) 
     has_confidence = _confidence_head(names, spec, bb, markov)
     sharing = _sharing(names, spec, target, own_vocab_head=d2t is not None)
 
-    plan = ModelPlan(ARCH, _draft_kv(spec, bb, gemma, target_layers, markov, has_confidence))
-    freqs = rope_freqs(gemma) if gemma is not None else None
-    if freqs is not None:
-        plan.add(PlannedTensor(ROPE_FREQS, ArrayTensor(freqs), GGMLQuantizationType.F32))
-    _plan_tensors(plan, names, layers, sharing, target, d2t, out)
+    plan = ModelPlan(ARCH, _draft_kv(spec, layers, target_layers, markov, has_confidence))
+    if layers.rope_freqs is not None:
+        plan.add(PlannedTensor(ROPE_FREQS, ArrayTensor(layers.rope_freqs), GGMLQuantizationType.F32))
+    _plan_tensors(plan, names, layers.layers, sharing, target, d2t, out)
     plan.notes.extend(spec.notes)
     return plan

@@ -20,14 +20,14 @@ or contradictory fact is an error naming the override flag that settles it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
+from .archs import DRAFT_LAYERS, TARGETS, draft_layers
+from .archs.base import DraftLayers
 from .errors import ConversionError
-from .hf_config import Config
+from .hf_config import Config, agreed
 from .options import Overrides
 
-# draft layer model_type -> backbone kind
-BACKBONE_KINDS = {"qwen3": "qwen3", "gemma4_text": "gemma4", "gemma4": "gemma4"}
 GEMMA4_DRAFT = "Gemma4DSparkModel"
 
 # how each id-list field numbers target layers (see Overrides.target_layer_convention)
@@ -47,7 +47,7 @@ class DraftSpec:
 
     source_format: str
     backbone: Config  # hyperparameters of the draft layers
-    backbone_kind: str  # "qwen3" or "gemma4"
+    layer_arch: DraftLayers  # the architecture of the draft layers (archs.draft_layers)
     block_size: int
     layer_ids: list[LayerIds]  # as found; resolved against the target later
     layer_convention_override: Optional[str]
@@ -90,9 +90,7 @@ def detect_format(cfg: Config, override: Optional[str]) -> str:
         # SpecForge's "flat" re-export also says Qwen3DSparkModel but keeps its dflash_config
         return "specforge" if has_dflash_config else "deepspec"
     raise ConversionError(f"{cfg.where}: architecture {arch!r} is neither a supported target "
-                          "(Qwen3ForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM, "
-                          "Qwen3MoeForCausalLM, Gemma4ForCausalLM, "
-                          "Gemma4ForConditionalGeneration) nor a known DFlash/DSpark draft "
+                          f"({', '.join(TARGETS)}) nor a known DFlash/DSpark draft "
                           "format; if it is a draft, pass --draft-format")
 
 
@@ -103,16 +101,7 @@ def is_draft_config(cfg: Config) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------
-# reading a field that may be stated in several places, which must then agree
-
-
-def _agreed(name: str, places: list[Config], read: Callable[[Config, str], Any]) -> Any:
-    found = [(c, read(c, name)) for c in places]
-    found = [(c, v) for c, v in found if v is not None]
-    if len({repr(v) for _, v in found}) > 1:
-        stated = "; ".join(f"{v!r} in {c.where}" for c, v in found)
-        raise ConversionError(f"field {name!r} is stated differently in different places ({stated})")
-    return found[0][1] if found else None
+# reading a field that may be stated in several places (hf_config.agreed), or given by a flag
 
 
 def _settle(name: str, flag: str, stated: Any, override: Any, default: Any = None,
@@ -137,7 +126,7 @@ def _settle(name: str, flag: str, stated: Any, override: Any, default: Any = Non
 def _layer_ids(places: list[Config]) -> list[LayerIds]:
     found = []
     for key, convention in _LAYER_ID_FIELDS.items():
-        ids = _agreed(key, places, lambda c, k: c.int_list(k, None))
+        ids = agreed(key, places, lambda c, k: c.int_list(k, None))
         if ids is not None:
             found.append(LayerIds(key, ids, convention))
     return found
@@ -148,7 +137,7 @@ def _common(cfg: Config, places: list[Config], ov: Overrides, fmt: str, backbone
     notes: list[str] = [f"draft format: {fmt}"]
 
     def settle(name: str, flag: str, read, default=None, why=""):
-        value, note = _settle(name, flag, _agreed(name, places, read), getattr(ov, name),
+        value, note = _settle(name, flag, agreed(name, places, read), getattr(ov, name),
                               default, why)
         if value is None:
             raise ConversionError(f"{cfg.where}: the draft does not state {name}; pass {flag}")
@@ -162,55 +151,23 @@ def _common(cfg: Config, places: list[Config], ov: Overrides, fmt: str, backbone
     if not anchor and block_size < 2:
         raise ConversionError(f"{cfg.where}: block_size {block_size} leaves no draft slot in the "
                               "anchor + masks layout")
-    kind = backbone_kind(backbone)
-    if kind == "gemma4":
-        _refuse_gemma4_layers(backbone, places)
+    layer_arch = draft_layers(backbone)
+    layer_arch.check(backbone, places)
     return DraftSpec(
-        source_format=fmt, backbone=backbone, backbone_kind=kind, block_size=block_size,
+        source_format=fmt, backbone=backbone, layer_arch=layer_arch, block_size=block_size,
         layer_ids=_layer_ids(places), layer_convention_override=ov.target_layer_convention,
         mask_token_id=mask, sample_from_anchor=anchor,
-        draft_vocab_size=_agreed("draft_vocab_size", places, lambda c, k: c.int(k, None, minimum=1)),
-        markov_rank=_agreed("markov_rank", places, lambda c, k: c.int(k, None, minimum=0)),
-        markov_head_type=_agreed("markov_head_type", places, lambda c, k: c.str(k, None)),
-        confidence_head=_agreed("enable_confidence_head", places, lambda c, k: c.bool(k, None)),
-        confidence_with_markov=_agreed("confidence_head_with_markov", places,
+        draft_vocab_size=agreed("draft_vocab_size", places, lambda c, k: c.int(k, None, minimum=1)),
+        markov_rank=agreed("markov_rank", places, lambda c, k: c.int(k, None, minimum=0)),
+        markov_head_type=agreed("markov_head_type", places, lambda c, k: c.str(k, None)),
+        confidence_head=agreed("enable_confidence_head", places, lambda c, k: c.bool(k, None)),
+        confidence_with_markov=agreed("confidence_head_with_markov", places,
                                        lambda c, k: c.bool(k, None)),
-        confidence_temperatures=_agreed("confidence_temperatures", places, lambda c, k: c.float_list(k, None)),
-        num_target_layers=_agreed("num_target_layers", places, lambda c, k: c.int(k, None)),
-        target_hidden_size=_agreed("target_hidden_size", places, lambda c, k: c.int(k, None)),
+        confidence_temperatures=agreed("confidence_temperatures", places, lambda c, k: c.float_list(k, None)),
+        num_target_layers=agreed("num_target_layers", places, lambda c, k: c.int(k, None)),
+        target_hidden_size=agreed("target_hidden_size", places, lambda c, k: c.int(k, None)),
         causal=None, sliding_window=None, sliding_layers=None, notes=notes,
     )
-
-
-def backbone_kind(backbone: Config) -> str:
-    model_type = backbone.str("model_type", None) or "qwen3"
-    if model_type not in BACKBONE_KINDS:
-        raise ConversionError(f"{backbone.where}: draft layers of model_type {model_type!r} are "
-                              f"not supported (supported: {', '.join(BACKBONE_KINDS)})")
-    return BACKBONE_KINDS[model_type]
-
-
-def _refuse_gemma4_layers(backbone: Config, places: list[Config]) -> None:
-    """What the dflash graph cannot run of a Gemma-4 layer: it has one head size, K = V as the
-    only Gemma-style value path, a plain MLP, and no per-layer inputs or KV sharing."""
-    where = backbone.where
-    types = backbone.str_list("layer_types", None)
-    if types is not None and set(types) != {"full_attention"}:
-        raise ConversionError(f"{where}: field 'layer_types' must be all 'full_attention' for a "
-                              "Gemma-4 draft (sliding layers have another head size; use "
-                              "dflash_config.use_swa for a windowed draft)")
-    if not backbone.bool("attention_k_eq_v", False):
-        raise ConversionError(f"{where}: field 'attention_k_eq_v' must be true for a Gemma-4 "
-                              "draft (the draft graph derives V from the K projection)")
-    refused = (("enable_moe_block", False), ("num_kv_shared_layers", 0),
-               ("hidden_size_per_layer_input", 0), ("attention_bias", False))
-    for key, plain in refused:
-        if backbone.data.get(key) not in (None, plain):
-            raise ConversionError(f"{where}: field {key!r} = {backbone.data[key]!r} is not "
-                                  "supported for a Gemma-4 draft")
-    if _agreed("input_embedding_scale", places, lambda c, k: c.float(k, None)) is not None:
-        raise ConversionError(f"{where}: field 'input_embedding_scale': a Gemma-4 draft scales "
-                              "its embeddings by sqrt(hidden_size) already")
 
 
 def _layer_types(backbone: Config) -> list[str]:
@@ -244,8 +201,8 @@ def _sliding_layout(spec: DraftSpec, backbone: Config, dflash_config: Optional[C
 
 
 def _causal_flag(spec: DraftSpec, places: list[Config]) -> None:
-    causal = _agreed("is_causal", places, lambda c, k: c.bool(k, None))
-    stated = _agreed("causal", places, lambda c, k: c.bool(k, None))
+    causal = agreed("is_causal", places, lambda c, k: c.bool(k, None))
+    stated = agreed("causal", places, lambda c, k: c.bool(k, None))
     if causal is not None and stated is not None and causal != stated:
         raise ConversionError("is_causal and dflash_config.causal disagree")
     spec.causal = causal if causal is not None else stated
@@ -275,7 +232,7 @@ def _optional_scalars(spec: DraftSpec, places: list[Config]) -> None:
              "final_logit_softcapping": "{arch}.final_logit_softcapping",
              "input_embedding_scale": "{arch}.embedding_scale"}
     for name, key in pairs.items():
-        value = _agreed(name, places, lambda c, k: c.float(k, None))
+        value = agreed(name, places, lambda c, k: c.float(k, None))
         if value is not None and not (name == "final_logit_softcapping" and value <= 0):
             spec.scalars[key] = value
 
@@ -292,8 +249,7 @@ def _refuse_unsupported(places: list[Config]) -> None:
 def _read_deepspec(cfg: Config, ov: Overrides) -> DraftSpec:
     places = [cfg]
     spec = _common(cfg, places, ov, "deepspec", cfg, True, "DeepSpec drafts are anchor-first")
-    if spec.backbone_kind == "gemma4":
-        spec.renames = {"confidence_proj.": "confidence_head.proj."}
+    spec.renames = dict(spec.layer_arch.deepspec_renames)
     _sliding_layout(spec, cfg, None)
     _causal_flag(spec, places)
     return spec
@@ -303,8 +259,8 @@ def _read_speculators(cfg: Config, ov: Overrides) -> DraftSpec:
     layer = cfg.sub("transformer_layer_config")
     if layer is None:
         raise ConversionError(f"{cfg.where}: speculators config without transformer_layer_config")
-    if layer.str("model_type") not in BACKBONE_KINDS:
-        raise ConversionError(f"{layer.where}: only {', '.join(BACKBONE_KINDS)} draft layers are "
+    if layer.str("model_type") not in DRAFT_LAYERS:
+        raise ConversionError(f"{layer.where}: only {', '.join(DRAFT_LAYERS)} draft layers are "
                               f"supported, not {layer.str('model_type')!r}")
     kind = cfg.str("speculators_model_type", None)
     if kind not in (None, "dspark", "dflash"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .errors import ConversionError
 
@@ -123,3 +123,14 @@ class Config:
         if len(archs) != 1:
             raise self._fail("architectures", "a list with exactly one entry")
         return archs[0]
+
+
+def agreed(name: str, places: list[Config], read: Callable[[Config, str], Any]) -> Any:
+    """A field that may be stated in several configs (read from each by `read`): the value they
+    agree on, or None when none states it; configs that disagree are an error."""
+    found = [(c, read(c, name)) for c in places]
+    found = [(c, v) for c, v in found if v is not None]
+    if len({repr(v) for _, v in found}) > 1:
+        stated = "; ".join(f"{v!r} in {c.where}" for c, v in found)
+        raise ConversionError(f"field {name!r} is stated differently in different places ({stated})")
+    return found[0][1] if found else None

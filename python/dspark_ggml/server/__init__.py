@@ -7,9 +7,11 @@ lists `serve` and explains how to install it), only :mod:`.app` and :mod:`.serve
 
 Modules, one concept each: ``cli`` (the verb's flags), ``config`` (what the server runs with),
 ``protocol`` (request parsing and validation), ``prompts`` (request -> engine requests),
-``engines`` (per-request speculative settings), ``scheduler`` (the engine loop), ``submission``
-(one HTTP request's sequences, seen from asyncio), ``responses`` (OpenAI response objects),
-``sse`` (server-sent events), ``metrics`` (Prometheus), ``security`` (API key, body limit),
+``engines`` (per-request speculative / ignore_eos settings), ``scheduler`` (the engine loop),
+``submission`` (one HTTP request's sequences, seen from asyncio), ``generation`` (answering them,
+whole or streamed), ``responses`` (OpenAI's completion objects), ``responses_api`` (the Responses
+API's objects and events), ``embeddings`` (/v1/embeddings), ``sse`` (server-sent events),
+``metrics`` (Prometheus), ``security`` (API key, body limit, JSON bodies),
 ``errors`` (OpenAI-style error objects), ``state`` (loading and lifetime), ``app`` (routes),
 ``serve`` (uvicorn and signals).
 """

@@ -1,29 +1,36 @@
-"""The HTTP routes (FastAPI): OpenAI's /v1 endpoints plus llama-server's /health, /tokenize,
-/detokenize and /metrics. No route reads or writes a file: models are chosen at startup only."""
+"""The HTTP routes (FastAPI): OpenAI's endpoints (under /v1 and at the root, as llama-server)
+plus llama-server's /health, /tokenize, /detokenize and /metrics. No route reads or writes a file:
+models are chosen at startup only."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
-from ..errors import DSparkError
-from .errors import ApiError, error_body, unavailable
-from .generation import respond_stream, respond_whole
-from .prompts import choice_requests, prompt_tokens
-from .protocol import parse_chat, parse_completion, parse_detokenize, parse_tokenize
+from ..errors import DSparkError, InvalidArgumentError
+from .embeddings import encode
+from .errors import ApiError, bad_request, error_body, unavailable
+from .generation import CompletionStream, respond_stream, respond_whole
+from .prompts import choice_requests, prompt_tokens, tokenize
+from .protocol import (GenerationRequest, parse_chat, parse_completion, parse_detokenize, parse_embeddings,
+                       parse_responses, parse_tokenize)
 from .responses import ResponseBuilder
+from .responses_api import ResponseObject, ResponseStream
 from .scheduler import QueueFullError
-from .security import ApiKeyMiddleware, read_json
+from .security import ApiKeyMiddleware, ClientGone, read_json
 from .state import ServerState
 from .submission import Submission
 
 log = logging.getLogger("dspark_ggml.server")
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the metrics count it
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -41,10 +48,25 @@ def create_app(state: ServerState) -> FastAPI:
     if state.config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=state.config.api_key,
                            on_reject=state.metrics.record_response)
+    if state.config.cors_origins:
+        # added last, so outermost: a preflight is answered before the API key is asked for, and
+        # the API key's 401 carries the CORS headers (a browser may read why it failed)
+        app.add_middleware(CORSMiddleware, allow_origins=state.config.cors_origins, allow_credentials=False,
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                           expose_headers=["Retry-After"], max_age=600)
     _add_error_handlers(app, state)
     _add_generation_routes(app, state)
     _add_info_routes(app, state)
     return app
+
+
+def _routes(app: FastAPI, method: str, *paths: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register one handler at several paths."""
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for path in paths:
+            app.add_api_route(path, fn, methods=[method])
+        return fn
+    return register
 
 
 def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
@@ -52,6 +74,11 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         state.metrics.record_response(exc.status)
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        state.metrics.record_response(CLIENT_CLOSED)
+        return Response(status_code=CLIENT_CLOSED)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -65,38 +92,110 @@ def _add_error_handlers(app: FastAPI, state: ServerState) -> None:
 
 
 def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
-    @app.post("/v1/completions")
+    @_routes(app, "POST", "/v1/completions", "/completions")
     async def completions(request: Request) -> Any:
-        return await _generate(state, request, parse_completion)
+        body = await _body(state, request)
+        c = state.config
+        return await _generate(state, request, parse_completion(body, c.sampling, c.n_slots, c.capacity))
 
-    @app.post("/v1/chat/completions")
+    @_routes(app, "POST", "/v1/chat/completions", "/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        return await _generate(state, request, parse_chat)
+        body = await _body(state, request)
+        return await _generate(state, request, parse_chat(body, state.config.sampling, state.config.n_slots))
+
+    @_routes(app, "POST", "/v1/responses", "/responses")
+    async def responses(request: Request) -> Any:
+        body = await _body(state, request)
+        req = parse_responses(body, state.config.sampling, state.config.n_slots)
+        return await _generate(state, request, req.chat, req.echo)
+
+    @_routes(app, "POST", "/v1/embeddings", "/embeddings")
+    async def embeddings(request: Request) -> Any:
+        return await _embeddings(state, request)
 
 
-async def _generate(state: ServerState, request: Request, parse: Any) -> Any:
+async def _body(state: ServerState, request: Request) -> Any:
+    state.require_ready()
+    return await read_json(request, state.config.max_body_bytes)
+
+
+async def _generate(state: ServerState, request: Request, req: GenerationRequest,
+                    echo: dict[str, Any] | None = None) -> Response:
+    """Run a parsed generation request; ``echo``: a Responses API request's fields to echo."""
     llm, scheduler = state.require_ready()
-    body = await read_json(request, state.config.max_body_bytes)
-    req = parse(body, state.config.sampling, state.config.n_slots)
     state.metrics.record_request(req.endpoint)
     # tokenizing (and rendering a chat template) is pure Python: off the event loop, so that a long
     # prompt does not stall the streams of everyone else
-    tokens = await run_in_threadpool(prompt_tokens, llm, req)
-    requests = choice_requests(llm, req, tokens)
+    prompts = await run_in_threadpool(prompt_tokens, llm, req)
+    requests = choice_requests(llm, req, prompts)
     try:
         submission = Submission(scheduler, requests, req.speculative)
     except QueueFullError as e:
         raise unavailable(str(e)) from None
     method = "none" if req.speculative is not None and req.speculative.off else llm.method
-    builder = ResponseBuilder(req.endpoint, state.config.model_id, method, len(tokens))
+    n_prompt, n_choices = sum(len(p) for p in prompts), len(requests)
+    builder = ResponseBuilder(req.endpoint, state.config.model_id, method, n_prompt, state.fingerprint,
+                              req.include_usage)
+    response_obj = ResponseObject(state.config.model_id, method, n_prompt, echo) if echo is not None else None
+    response: Response
     if req.stream:
-        response: Response = await respond_stream(submission, builder, req.n, req.include_usage)
+        fmt = ResponseStream(response_obj) if response_obj is not None else CompletionStream(builder)
+        response = await respond_stream(submission, fmt, n_choices)
     else:
-        result = await respond_whole(submission, builder, req.n, request.receive)
-        # 499 (nginx's "client closed request"): nobody reads it, the metrics count it
-        response = JSONResponse(result) if result is not None else Response(status_code=499)
+        choices = await respond_whole(submission, n_choices, request.receive)
+        if choices is None:
+            response = Response(status_code=CLIENT_CLOSED)
+        elif response_obj is not None:
+            response = JSONResponse(response_obj.whole(choices[0]))
+        else:
+            response = JSONResponse(builder.completion(choices))
     state.metrics.record_response(response.status_code)
     return response
+
+
+async def _embeddings(state: ServerState, request: Request) -> JSONResponse:
+    llm, scheduler = state.require_ready()
+    embedder = state.embedder
+    assert embedder is not None
+    req = parse_embeddings(await read_json(request, state.config.max_body_bytes))
+    if req.dimensions is not None and req.dimensions != embedder.n_embd:
+        raise bad_request(f"'dimensions' must be the model's ({embedder.n_embd}) if given: embeddings are "
+                          f"not shortened", "dimensions")
+    state.metrics.record_request("embeddings")
+
+    def tokens_of_all() -> list[list[int]]:
+        out = []
+        for i, x in enumerate(req.inputs):
+            tokens = tokenize(llm, x, "input")
+            if not tokens:
+                raise bad_request(f"input[{i}] has no tokens", "input")
+            if len(tokens) > embedder.n_ctx:
+                raise bad_request(f"input[{i}] has {len(tokens)} tokens; an embedding takes at most "
+                                  f"{embedder.n_ctx} (--embeddings-ctx)", "input")
+            out.append(tokens)
+        return out
+
+    inputs = await run_in_threadpool(tokens_of_all)
+    data = []
+    for i, tokens in enumerate(inputs):
+        try:
+            future = scheduler.call(lambda t=tokens: embedder.embed(t))
+        except QueueFullError as e:
+            raise unavailable(str(e)) from None
+        try:
+            vector = await asyncio.wrap_future(future)
+        except InvalidArgumentError as e:
+            raise bad_request(f"input[{i}]: {e}", "input") from e
+        except DSparkError as e:  # the device, not the request
+            raise ApiError(500, f"embedding failed: {e}") from e
+        except QueueFullError as e:
+            raise unavailable(str(e)) from None
+        data.append({"object": "embedding", "index": i, "embedding": encode(vector, req.base64)})
+    n_tokens = sum(len(t) for t in inputs)
+    state.metrics.record_embedding(n_tokens)
+    state.metrics.record_response(200)
+    return JSONResponse({"object": "list", "data": data, "model": state.config.model_id,
+                         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}})
 
 
 def _add_info_routes(app: FastAPI, state: ServerState) -> None:
@@ -112,17 +211,18 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
                                 status_code=503)
         return JSONResponse({"status": "ok"})
 
-    @app.get("/v1/models")
+    @_routes(app, "GET", "/v1/models", "/models")
     async def models() -> JSONResponse:
         llm, _ = state.require_ready()
-        meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.n_vocab, "method": llm.method, "n_draft": llm.n_draft,
-                "n_slots": state.config.n_slots}
+        meta = {"n_ctx": llm.n_ctx, "n_vocab": llm.n_vocab, "n_embd": llm.model.n_embd, "method": llm.method,
+                "n_draft": llm.n_draft, "n_slots": state.config.n_slots,
+                "system_fingerprint": state.fingerprint}
         model = {"id": state.config.model_id, "object": "model", "created": int(time.time()),
                  "owned_by": "dspark-ggml", "meta": meta}
         return JSONResponse({"object": "list", "data": [model]})
 
     @app.post("/tokenize")
-    async def tokenize(request: Request) -> JSONResponse:
+    async def tokenize_route(request: Request) -> JSONResponse:
         llm, _ = state.require_ready()
         body = await read_json(request, state.config.max_body_bytes)
         content, add_special, parse_special = parse_tokenize(body)

@@ -12,7 +12,7 @@ import sys
 from ..cli.args import (add_model_arguments, add_sampling_arguments, add_speculative_arguments, build_llm,
                         model_paths, sampling_from_args)
 from . import INSTALL_HINT, missing_dependencies
-from .config import DEFAULT_MAX_BODY, ServerConfig
+from .config import DEFAULT_EMBEDDINGS_CTX, DEFAULT_MAX_BODY, ServerConfig
 
 API_KEY_ENV = "DSPARK_GGML_API_KEY"
 
@@ -36,6 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default: ${API_KEY_ENV} if set, else none)")
     g.add_argument("--max-body", dest="max_body_bytes", type=int, default=DEFAULT_MAX_BODY, metavar="BYTES",
                    help=f"largest request body; larger ones get HTTP 413 (default: {DEFAULT_MAX_BODY})")
+    g.add_argument("--cors-origins", metavar="ORIGINS", default="",
+                   help="comma-separated origins browsers may call the API from (CORS), or * for any; "
+                        "preflight requests need no API key, credentials are not allowed (default: none, "
+                        "no CORS headers)")
+    g.add_argument("--embeddings-ctx", dest="embeddings_n_ctx", type=int, default=DEFAULT_EMBEDDINGS_CTX,
+                   metavar="N", help=f"longest /v1/embeddings input in tokens: the size of the embeddings' "
+                                     f"own context, created at the first request "
+                                     f"(default: {DEFAULT_EMBEDDINGS_CTX})")
     g.add_argument("-a", "--alias", metavar="NAME",
                    help="model name in /v1/models (default: the target's file name)")
     g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout, metavar="SECONDS",
@@ -54,7 +62,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(host=args.host, port=args.port, n_slots=args.n_slots, queue_size=args.queue_size,
                         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                         max_body_bytes=args.max_body_bytes, model_id=name, sampling=sampling_from_args(args),
-                        shutdown_timeout=args.shutdown_timeout)
+                        shutdown_timeout=args.shutdown_timeout,
+                        cors_origins=[o.strip() for o in args.cors_origins.split(",") if o.strip()],
+                        embeddings_n_ctx=args.embeddings_n_ctx)
 
 
 def run(args: argparse.Namespace) -> int:

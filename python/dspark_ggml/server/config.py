@@ -1,12 +1,15 @@
 """What the server runs with, apart from the models: network, slots, limits, request defaults."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from ..errors import InvalidArgumentError
 from ..sampling import SamplingParams
 
 DEFAULT_MAX_BODY = 4 << 20  # a 128k-token prompt as JSON token ids fits; a runaway upload does not
+DEFAULT_EMBEDDINGS_CTX = 2048
+_ORIGIN = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+")
 
 
 @dataclass
@@ -23,6 +26,10 @@ class ServerConfig:
         model_id: the name /v1/models lists (requests may name any model: there is one).
         sampling: defaults for fields a request leaves out (max_tokens, temperature, ...).
         shutdown_timeout: seconds SIGTERM waits for requests in flight before cancelling them.
+        cors_origins: origins a browser may call the API from (CORS); "*" = any; empty (default) =
+            no CORS headers. Preflight requests (OPTIONS) need no API key; credentials are not allowed.
+        embeddings_n_ctx: the longest /v1/embeddings input in tokens (the size of the embeddings'
+            own context, created at the first such request).
     """
 
     host: str = "127.0.0.1"
@@ -34,6 +41,8 @@ class ServerConfig:
     model_id: str = "dspark-ggml"
     sampling: SamplingParams = field(default_factory=SamplingParams)
     shutdown_timeout: float = 60.0
+    cors_origins: list[str] = field(default_factory=list)
+    embeddings_n_ctx: int = DEFAULT_EMBEDDINGS_CTX
 
     def validate(self) -> None:
         if not 1 <= self.n_slots <= 256:
@@ -46,6 +55,12 @@ class ServerConfig:
             raise InvalidArgumentError(f"--port must be in 0 .. 65535, got {self.port}")
         if self.api_key is not None and not self.api_key:
             raise InvalidArgumentError("--api-key is empty")
+        for origin in self.cors_origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise InvalidArgumentError(f"--cors-origins: {origin!r} is not an origin "
+                                           "(scheme://host[:port], no path, or *)")
+        if self.embeddings_n_ctx < 1:
+            raise InvalidArgumentError(f"--embeddings-ctx must be >= 1, got {self.embeddings_n_ctx}")
         self.sampling.validate()
 
     @property

@@ -1,10 +1,15 @@
-"""Answering a generation request: wait for its choices (JSON) or stream them (SSE)."""
+"""Answering a generation request: wait for its choices (JSON) or stream them (SSE).
+
+A stream's events come from a :class:`StreamFormat`: chat / completion chunks
+(:class:`CompletionStream`), or the Responses API's events (``responses_api.ResponseStream``).
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 
 from ..errors import ContextFullError, InvalidArgumentError
-from .errors import ApiError, bad_request, error_body
+from .engines import TooManySettingsError
+from .errors import ApiError, bad_request, error_body, unavailable
 from .responses import Choice, ResponseBuilder
 from .scheduler import Failure
 from .sse import DONE, EventStreamResponse, event, unless_disconnected
@@ -16,15 +21,30 @@ if TYPE_CHECKING:
 Receive = Any
 
 
-async def respond_whole(submission: Submission, builder: ResponseBuilder, n: int,
-                        receive: Receive) -> dict[str, Any] | None:
-    """The whole response; None if the client went away first (its sequences are then cancelled)."""
+class StreamFormat(Protocol):
+    """The SSE events of one streamed request."""
+
+    def opening(self) -> list[bytes]:
+        """Events before the first chunk."""
+
+    def on_chunk(self, chunk: GenerationChunk, choice: Choice, first: bool) -> list[bytes]:
+        """Events of one engine chunk (``choice`` has it added already; ``first``: its first)."""
+
+    def closing(self, choices: list[Choice]) -> list[bytes]:
+        """Events after every choice finished."""
+
+    def on_failure(self, error: ApiError, choices: list[Choice]) -> list[bytes]:
+        """Events when the engine failed a sequence mid-stream (the stream ends after them)."""
+
+
+async def respond_whole(submission: Submission, n: int, receive: Receive) -> list[Choice] | None:
+    """Every choice, finished; None if the client went away first (its sequences are then cancelled)."""
     choices = [Choice(i) for i in range(n)]
     try:
         connected, _ = await unless_disconnected(receive, _collect(submission, choices))
     finally:
         submission.cancel()  # a no-op once every choice finished
-    return builder.completion(choices) if connected else None
+    return choices if connected else None
 
 
 async def _collect(submission: Submission, choices: list[Choice]) -> None:
@@ -34,8 +54,7 @@ async def _collect(submission: Submission, choices: list[Choice]) -> None:
         _add(choices[ev.index], ev)
 
 
-async def respond_stream(submission: Submission, builder: ResponseBuilder, n: int,
-                         include_usage: bool) -> EventStreamResponse:
+async def respond_stream(submission: Submission, fmt: StreamFormat, n: int) -> EventStreamResponse:
     """An SSE response; the first event is awaited first, so that a request the engine refuses
     (context full, bad speculative setting) still gets an HTTP error status."""
     events = submission.events()
@@ -47,41 +66,61 @@ async def respond_stream(submission: Submission, builder: ResponseBuilder, n: in
     if isinstance(first, Failure):
         submission.cancel()
         raise failure_error(first)
-    body = _stream(first, events, [Choice(i) for i in range(n)], builder, include_usage)
+    body = _stream(first, events, [Choice(i) for i in range(n)], fmt)
     return EventStreamResponse(body, submission.cancel)
 
 
 async def _stream(first: GenerationChunk, events: AsyncIterator[GenerationChunk | Failure],
-                  choices: list[Choice], builder: ResponseBuilder,
-                  include_usage: bool) -> AsyncIterator[bytes]:
-    for data in _chunk_events(first, choices, builder):
+                  choices: list[Choice], fmt: StreamFormat) -> AsyncIterator[bytes]:
+    for data in fmt.opening():
+        yield data
+    for data in _on_chunk(fmt, first, choices):
         yield data
     async for ev in events:
         if isinstance(ev, Failure):
-            err = failure_error(ev)
-            yield event(error_body(err.status, err.message))
-            break
-        for data in _chunk_events(ev, choices, builder):
+            for data in fmt.on_failure(failure_error(ev), choices):
+                yield data
+            return
+        for data in _on_chunk(fmt, ev, choices):
             yield data
-    else:
-        if include_usage:
-            yield event(builder.usage_chunk(choices))
-    yield DONE
+    for data in fmt.closing(choices):
+        yield data
 
 
-def _chunk_events(chunk: GenerationChunk, choices: list[Choice], builder: ResponseBuilder) -> list[bytes]:
-    """The SSE events of one engine chunk: a role chunk first (chat), text, then the finish chunk."""
+def _on_chunk(fmt: StreamFormat, chunk: GenerationChunk, choices: list[Choice]) -> list[bytes]:
     c = choices[chunk.index]
     first = not c.text  # nothing received for this choice yet
     _add(c, chunk)
-    out = []
-    if first and builder.chat:
-        out.append(event(builder.chunk(c.index, "", first=True)))
-    if chunk.text:
-        out.append(event(builder.chunk(c.index, chunk.text)))
-    if chunk.finish_reason is not None:
-        out.append(event(builder.chunk(c.index, "", chunk.finish_reason)))
-    return out
+    return fmt.on_chunk(chunk, c, first)
+
+
+class CompletionStream:
+    """Chat / completion chunks: a role chunk first (chat), text, the finish chunk; then the usage
+    chunk when the request asked for it, and [DONE]."""
+
+    def __init__(self, builder: ResponseBuilder) -> None:
+        self.builder = builder
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def on_chunk(self, chunk: GenerationChunk, choice: Choice, first: bool) -> list[bytes]:
+        b = self.builder
+        out = []
+        if first and b.chat:
+            out.append(event(b.chunk(choice.index, "", first=True)))
+        if chunk.text:
+            out.append(event(b.chunk(choice.index, chunk.text)))
+        if chunk.finish_reason is not None:
+            out.append(event(b.chunk(choice.index, "", chunk.finish_reason, stats=choice.stats)))
+        return out
+
+    def closing(self, choices: list[Choice]) -> list[bytes]:
+        usage = [event(self.builder.usage_chunk(choices))] if self.builder.include_usage else []
+        return [*usage, DONE]
+
+    def on_failure(self, error: ApiError, choices: list[Choice]) -> list[bytes]:
+        return [event(error_body(error.status, error.message)), DONE]
 
 
 def _add(choice: Choice, chunk: GenerationChunk) -> None:
@@ -92,9 +131,12 @@ def _add(choice: Choice, chunk: GenerationChunk) -> None:
 
 
 def failure_error(f: Failure) -> ApiError:
-    """The HTTP error for a sequence the engine refused: the caller's fault (400) or ours (500)."""
+    """The HTTP error for a sequence the engine refused: the caller's fault (400), a setting that
+    must wait (503), or ours (500)."""
     if isinstance(f.error, ContextFullError):
         return bad_request(f"no room in the context for this request: {f.error}", "prompt")
+    if isinstance(f.error, TooManySettingsError):
+        return unavailable(str(f.error))
     if isinstance(f.error, InvalidArgumentError):
         return bad_request(str(f.error))
     return ApiError(500, f"generation failed: {f.error}")

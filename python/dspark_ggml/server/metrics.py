@@ -1,7 +1,8 @@
 """Server counters in Prometheus' text format (GET /metrics).
 
 Token and speculative counters grow when a sequence leaves the engine (finished or cancelled), from
-the engine's own per-sequence statistics; queue depth and busy slots are read live.
+the engine's own per-sequence statistics; queue depth and busy slots are read live. Names follow
+Prometheus' conventions: counters end in ``_total``, gauges do not, a ratio ends in ``_ratio``.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ _TOKEN_COUNTERS = (("prompt", "prompt_tokens_total", "prompt tokens prefilled"),
                    ("generated", "generated_tokens_total", "tokens generated"),
                    ("drafted", "drafted_tokens_total", "draft tokens sent to verification"),
                    ("accepted", "accepted_tokens_total", "draft tokens the target accepted"),
-                   ("steps", "verify_steps_total", "verify steps, summed over sequences"))
+                   ("steps", "verify_steps_total", "verify steps, summed over sequences"),
+                   ("embedded", "embedding_tokens_total", "input tokens of /v1/embeddings"))
 
 
 class Metrics:
@@ -28,7 +30,7 @@ class Metrics:
         self._requests: Counter[str] = Counter()   # by endpoint
         self._responses: Counter[int] = Counter()  # by HTTP status of the answers we chose
         self._finished: Counter[str] = Counter()   # sequences, by reason
-        self._tokens = Counter(prompt=0, generated=0, drafted=0, accepted=0, steps=0)
+        self._tokens = Counter(prompt=0, generated=0, drafted=0, accepted=0, steps=0, embedded=0)
 
     # ---- recording (any thread) -------------------------------------------------------------------
 
@@ -49,6 +51,10 @@ class Metrics:
             self._tokens.update(prompt=stats.n_prompt, generated=stats.n_generated, drafted=stats.n_drafted,
                                 accepted=stats.n_accepted, steps=stats.n_steps)
 
+    def record_embedding(self, n_tokens: int) -> None:
+        with self._lock:
+            self._tokens.update(embedded=n_tokens)
+
     # ---- reading ----------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, int]:
@@ -59,7 +65,7 @@ class Metrics:
         """The Prometheus exposition; ``gauges``: name -> (help, read function), read now."""
         with self._lock:
             t = dict(self._tokens)
-            lines = _family("requests_total", "counter", "HTTP generation requests, by endpoint",
+            lines = _family("requests_total", "counter", "generation and embedding requests, by endpoint",
                             [({"endpoint": k}, v) for k, v in sorted(self._requests.items())])
             lines += _family("responses_total", "counter", "answers by HTTP status (generation, errors)",
                              [({"status": str(k)}, v) for k, v in sorted(self._responses.items())])
@@ -70,9 +76,9 @@ class Metrics:
             lines += _family(name, "counter", help_text, [({}, t[key])])
         rate = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
         tau = (t["accepted"] + t["steps"]) / t["steps"] if t["steps"] else 0.0
-        lines += _family("acceptance_rate", "gauge", "accepted / drafted tokens so far", [({}, rate)])
-        lines += _family("mean_accepted_length", "gauge",
-                         "tau: tokens per verify step, the target's own included", [({}, tau)])
+        lines += _family("draft_acceptance_ratio", "gauge", "accepted / drafted tokens so far", [({}, rate)])
+        lines += _family("tokens_per_verify_step", "gauge",
+                         "tau: mean tokens per verify step so far, the target's own included", [({}, tau)])
         for name, (help_text, read) in gauges.items():
             lines += _family(name, "gauge", help_text, [({}, read())])
         return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""A validated request -> the engine requests of its choices: the prompt's tokens, stops, seeds."""
+"""A validated request -> the engine requests of its choices: the prompts' tokens, stops, seeds."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,36 +7,52 @@ from typing import TYPE_CHECKING
 from ..decode_loop import Request
 from ..errors import DSparkError
 from .errors import bad_request
-from .protocol import GenerationRequest, check_prompt_tokens
+from .protocol import GenerationRequest, Prompt, check_prompt_tokens
 
 if TYPE_CHECKING:
     from ..llm import LLM
 
 
-def prompt_tokens(llm: LLM, req: GenerationRequest) -> list[int]:
-    """The prompt's token ids: a text prompt as `generate` reads it (BOS as the model asks, control
-    tokens written in it parsed), messages through the GGUF's chat template."""
-    try:
-        if req.messages is not None:
+def prompt_tokens(llm: LLM, req: GenerationRequest) -> list[list[int]]:
+    """The token ids of each prompt (one for chat): a text prompt as `generate` reads it (BOS as
+    the model asks, control tokens written in it parsed), messages through the GGUF's chat template."""
+    if req.messages is not None:
+        try:
             tokens = llm.apply_chat_template(req.messages)
-        elif isinstance(req.prompt, str):
-            tokens = llm.tokenize(req.prompt, add_special=True, parse_special=True)
-        else:
-            tokens = list(req.prompt or [])
-            check_prompt_tokens(tokens, llm.n_vocab)
-    except (DSparkError, ValueError) as e:  # no tokenizer, a template that refuses the messages
-        raise bad_request(str(e), "messages" if req.messages is not None else "prompt") from e
+        except (DSparkError, ValueError) as e:  # no tokenizer, a template that refuses the messages
+            raise bad_request(str(e), "messages") from e
+        return [_checked(llm, tokens, "the prompt")]
+    prompts = req.prompts or []
+    return [_checked(llm, tokenize(llm, p, "prompt"), "the prompt" if len(prompts) == 1 else f"prompt[{i}]")
+            for i, p in enumerate(prompts)]
+
+
+def tokenize(llm: LLM, prompt: Prompt, param: str) -> list[int]:
+    """A text (BOS as the model asks, control tokens parsed) or token ids (checked) -> token ids."""
+    try:
+        if isinstance(prompt, str):
+            return llm.tokenize(prompt, add_special=True, parse_special=True)
+        tokens = list(prompt)
+        check_prompt_tokens(tokens, llm.n_vocab, param)
+        return tokens
+    except (DSparkError, ValueError) as e:  # no tokenizer
+        raise bad_request(str(e), param) from e
+
+
+def _checked(llm: LLM, tokens: list[int], what: str) -> list[int]:
     if not tokens:
-        raise bad_request("the prompt is empty (no tokens)", "prompt")
+        raise bad_request(f"{what} is empty (no tokens)", "prompt")
     if len(tokens) >= llm.n_ctx:
-        raise bad_request(f"the prompt has {len(tokens)} tokens; the context holds {llm.n_ctx} "
+        raise bad_request(f"{what} has {len(tokens)} tokens; the context holds {llm.n_ctx} "
                           "(prompt and output together)", "prompt")
     return tokens
 
 
-def choice_requests(llm: LLM, req: GenerationRequest, tokens: list[int]) -> list[Request]:
-    """One engine request per choice. With a seed, choice i samples with seed + i: the choices
-    differ from each other and each is reproducible."""
+def choice_requests(llm: LLM, req: GenerationRequest, prompts: list[list[int]]) -> list[Request]:
+    """One engine request per choice: n per prompt, indexed prompt by prompt (prompt p's choice j
+    is choice p * n + j). With a seed, choice j of a prompt samples with seed + j: the choices
+    differ from each other, each is reproducible, and a prompt gets the same choices in a batch of
+    prompts as alone. Without a seed each choice samples from its own random seed."""
     s = req.sampling
     stops = [s.stop] if isinstance(s.stop, str) else list(s.stop or [])
     if stops and llm.tokenizer is None:
@@ -46,7 +62,8 @@ def choice_requests(llm: LLM, req: GenerationRequest, tokens: list[int]) -> list
     if bad:
         raise bad_request(f"'stop_token_ids' outside the vocabulary: {bad[:8]}", "stop_token_ids")
     out = []
-    for i in range(req.n):
-        seed = None if s.seed is None else (s.seed + i) % (2**32 - 1)
-        out.append(Request(list(tokens), replace(s, seed=seed), stops, stop_ids, i))
+    for p, tokens in enumerate(prompts):
+        for j in range(req.n):
+            seed = None if s.seed is None else (s.seed + j) % (2**32 - 1)
+            out.append(Request(list(tokens), replace(s, seed=seed), stops, stop_ids, p * req.n + j))
     return out

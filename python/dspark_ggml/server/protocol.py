@@ -7,15 +7,18 @@ other unknown fields are ignored, as OpenAI-compatible servers do.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from ..sampling import SamplingParams
-from .engines import SpecOverride
-from .errors import bad_request
+from .engines import SpecOverride, with_ignore_eos
+from .errors import ApiError, bad_request
 
 SEED_LIMIT = 2**32 - 1
+INT32_MAX = 2**31 - 1  # the C API's counts are int32_t
 MAX_STOPS = 16
+MAX_EMBEDDING_INPUTS = 2048  # as OpenAI
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # field -> the value that means "not used": anything else is refused as not implemented
 _UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
@@ -24,18 +27,37 @@ _UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo":
                 "tool_choice": (None, "none", "auto"), "response_format": (None, {"type": "text"})}
 
 
+Prompt = Any  # a text (str) or token ids (list[int])
+
+
 @dataclass
 class GenerationRequest:
-    """A validated /v1/completions or /v1/chat/completions request."""
+    """A validated /v1/completions, /v1/chat/completions or /v1/responses request.
 
-    endpoint: str                         # "completions" or "chat.completions"
-    prompt: str | list[int] | None        # completions
-    messages: list[dict[str, Any]] | None  # chat
+    ``speculative`` is the request's engine setting: its ``speculative`` field and ``ignore_eos``.
+    """
+
+    endpoint: str                         # "completions", "chat.completions" or "responses"
+    prompts: list[Prompt] | None          # completions: one or more, each n choices
+    messages: list[dict[str, Any]] | None  # chat, responses
     sampling: SamplingParams
     n: int
     stream: bool
     include_usage: bool
     speculative: SpecOverride | None
+
+    @property
+    def n_sequences(self) -> int:
+        return self.n * (len(self.prompts) if self.prompts is not None else 1)
+
+
+@dataclass
+class EmbeddingsRequest:
+    """A validated /v1/embeddings request."""
+
+    inputs: list[Prompt]
+    base64: bool
+    dimensions: int | None
 
 
 class Fields:
@@ -53,7 +75,7 @@ class Fields:
         v = self.body.get(name)
         if v is None:
             return default
-        if isinstance(v, float) and v.is_integer():
+        if isinstance(v, float) and math.isfinite(v) and v.is_integer():
             v = int(v)
         if not isinstance(v, int) or isinstance(v, bool):
             raise bad_request(f"'{name}' must be an integer, got {_json_type(v)}", name)
@@ -64,8 +86,9 @@ class Fields:
         v = self.body.get(name)
         if v is None:
             return default
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
-            raise bad_request(f"'{name}' must be a number, got {_json_type(v)}", name)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            got = _json_type(v) if not isinstance(v, float) else repr(v)
+            raise bad_request(f"'{name}' must be a finite number, got {got}", name)
         _check_range(name, v, lo, hi)
         return float(v)
 
@@ -86,16 +109,149 @@ class Fields:
         return v
 
 
-def parse_completion(body: Any, defaults: SamplingParams, n_slots: int) -> GenerationRequest:
+def parse_completion(body: Any, defaults: SamplingParams, n_slots: int,
+                     max_sequences: int | None = None) -> GenerationRequest:
+    """A completions request; ``max_sequences``: the most sequences (prompts x n) the server
+    admits at once (more are refused: they could never run)."""
     f = Fields(body)
     _refuse_unsupported(f)
-    return _generation(f, "completions", _prompt(f), None, defaults, n_slots)
+    req = _generation(f, "completions", _prompts(f), None, defaults, n_slots)
+    if max_sequences is not None and req.n_sequences > max_sequences:
+        raise bad_request(f"{len(req.prompts or [])} prompts x n={req.n} = {req.n_sequences} sequences; this "
+                          f"server admits at most {max_sequences} at once (slots + queue)", "prompt")
+    return req
 
 
 def parse_chat(body: Any, defaults: SamplingParams, n_slots: int) -> GenerationRequest:
     f = Fields(body)
     _refuse_unsupported(f)
     return _generation(f, "chat.completions", None, _messages(f), defaults, n_slots)
+
+
+def parse_embeddings(body: Any) -> EmbeddingsRequest:
+    """``input``: a string, a list of strings, token ids or a list of token-id lists;
+    ``encoding_format``: "float" (default) or "base64"; ``dimensions``: checked by the caller."""
+    f = Fields(body)
+    f.string("model", None)
+    f.string("user", None)
+    v = f.body.get("input")
+    if v is None:
+        raise bad_request("'input' is required", "input")
+    inputs = _prompt_list(v, "input")
+    if len(inputs) > MAX_EMBEDDING_INPUTS:
+        raise bad_request(f"'input' takes at most {MAX_EMBEDDING_INPUTS} items, got {len(inputs)}", "input")
+    for i, x in enumerate(inputs):
+        if isinstance(x, str) and not x:
+            raise bad_request(f"input[{i}] is an empty string", "input")
+    fmt = f.string("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise bad_request(f"'encoding_format' must be 'float' or 'base64', got {fmt!r}", "encoding_format")
+    dimensions = f.integer("dimensions", None, lo=1, hi=INT32_MAX)
+    return EmbeddingsRequest(inputs, fmt == "base64", dimensions)
+
+
+# ---- the Responses API (/v1/responses): text in and out, translated to a chat request ------------
+
+# fields copied to the chat request as they are (sampling, and our extensions)
+_RESPONSES_CHAT_FIELDS = ("model", "temperature", "top_p", "stream", "top_k", "min_p", "seed", "stop",
+                          "stop_token_ids", "speculative", "ignore_eos")
+# Responses fields this server does not implement: refused when they ask for something
+_RESPONSES_UNSUPPORTED = {"tools": (None, []), "tool_choice": (None, "none", "auto"),
+                          "previous_response_id": (None,), "conversation": (None,), "prompt": (None,),
+                          "background": (None, False), "top_logprobs": (None, 0), "include": (None, []),
+                          "max_tool_calls": (None,)}
+_RESPONSES_PARAMS = {"max_tokens": "max_output_tokens", "messages": "input"}  # chat names -> ours
+_INPUT_PARTS = ("input_text", "output_text", "text")
+
+
+@dataclass
+class ResponsesRequest:
+    """A validated /v1/responses request: the chat request it runs as, and what the response echoes."""
+
+    chat: GenerationRequest
+    echo: dict[str, Any]
+
+
+def parse_responses(body: Any, defaults: SamplingParams, n_slots: int) -> ResponsesRequest:
+    """OpenAI's Responses API, text only: ``input`` (a string or message items), ``instructions``
+    (a system message first), ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``; run as a
+    chat completion (as llama-server does)."""
+    f = Fields(body)
+    for name, unused in _RESPONSES_UNSUPPORTED.items():
+        if name in f.body and not any(f.body[name] == u and type(f.body[name]) is type(u) for u in unused):
+            raise bad_request(f"'{name}' is not supported by this server (text in, text out)", name)
+    _text_format(f)
+    metadata = f.body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and
+                                     all(isinstance(v, str) for v in metadata.values())):
+        raise bad_request("'metadata' must be an object of at most 16 string values", "metadata")
+    instructions = f.string("instructions", None)
+    chat_body: dict[str, Any] = {k: f.body[k] for k in _RESPONSES_CHAT_FIELDS if k in f.body}
+    chat_body["messages"] = ([{"role": "system", "content": instructions}] if instructions else []) + \
+        _response_input(f.body.get("input"))
+    if f.body.get("max_output_tokens") is not None:
+        chat_body["max_tokens"] = f.body["max_output_tokens"]
+    try:
+        chat = parse_chat(chat_body, defaults, n_slots)
+    except ApiError as e:
+        param = e.param or ""
+        for ours, theirs in _RESPONSES_PARAMS.items():
+            if param.startswith(ours):
+                e.param = theirs
+                e.message = e.message.replace(f"'{ours}'", f"'{theirs}'")
+        raise
+    chat.endpoint = "responses"
+    chat.include_usage = False
+    echo = {"instructions": instructions, "max_output_tokens": f.body.get("max_output_tokens"),
+            "metadata": metadata or {}, "temperature": chat.sampling.temperature,
+            "top_p": chat.sampling.top_p, "text": {"format": {"type": "text"}},
+            "store": False, "truncation": "disabled"}
+    return ResponsesRequest(chat, echo)
+
+
+def _text_format(f: Fields) -> None:
+    v = f.body.get("text")
+    if v is None:
+        return
+    fmt = v.get("format") if isinstance(v, dict) else None
+    if not isinstance(v, dict) or (fmt is not None and fmt != {"type": "text"}):
+        raise bad_request("'text': only the text format ({format: {type: text}}) is supported", "text")
+
+
+def _response_input(v: Any) -> list[dict[str, Any]]:
+    """``input`` as chat messages: a string is one user message; items are {role, content} messages
+    whose content is a string or a list of text parts (input_text / output_text)."""
+    if isinstance(v, str):
+        return [{"role": "user", "content": v}]
+    if not isinstance(v, list) or not v:
+        raise bad_request("'input' must be a string or a non-empty list of message items", "input")
+    out = []
+    for i, item in enumerate(v):
+        param = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad_request(f"{param} must be an object (a message item)", param)
+        kind = item.get("type", "message")
+        if kind != "message":
+            raise bad_request(f"{param}: only message items are supported (text in, text out), got type "
+                              f"{kind!r}", param)
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise bad_request(f"{param}.role must be one of user, assistant, system, developer",
+                              f"{param}.role")
+        content = item.get("content")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") in _INPUT_PARTS
+                        and isinstance(part.get("text"), str)):
+                    raise bad_request(f"{param}.content: only text parts (input_text, output_text) are "
+                                      "supported", f"{param}.content")
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif not isinstance(content, str):
+            raise bad_request(f"{param}.content must be a string or a list of text parts", f"{param}.content")
+        out.append({"role": role, "content": content})
+    return out
 
 
 def parse_tokenize(body: Any) -> tuple[str, bool, bool]:
@@ -114,20 +270,22 @@ def parse_detokenize(body: Any, n_vocab: int) -> list[int]:
 
 # ---- the pieces ---------------------------------------------------------------------------------
 
-def _generation(f: Fields, endpoint: str, prompt: str | list[int] | None,
+def _generation(f: Fields, endpoint: str, prompts: list[Prompt] | None,
                 messages: list[dict[str, Any]] | None, defaults: SamplingParams,
                 n_slots: int) -> GenerationRequest:
     f.string("model", None)  # one model is served: any name is accepted, but it must be a string
     stream = f.boolean("stream", False)
-    return GenerationRequest(endpoint, prompt, messages, _sampling(f, defaults, endpoint), _n(f, n_slots),
-                             stream, _include_usage(f), _speculative(f))
+    include_usage = _include_usage(f)
+    setting = with_ignore_eos(_speculative(f), f.boolean("ignore_eos", False))
+    return GenerationRequest(endpoint, prompts, messages, _sampling(f, defaults, endpoint), _n(f, n_slots),
+                             stream, stream and include_usage, setting)
 
 
 def _sampling(f: Fields, d: SamplingParams, endpoint: str) -> SamplingParams:
     chat_max = endpoint == "chat.completions" and f.given("max_completion_tokens")
     max_name = "max_completion_tokens" if chat_max else "max_tokens"
-    top_k = f.integer("top_k", d.top_k, lo=-1)
-    return replace(d, max_tokens=f.integer(max_name, d.max_tokens, lo=1),
+    top_k = f.integer("top_k", d.top_k, lo=-1, hi=INT32_MAX)
+    return replace(d, max_tokens=f.integer(max_name, d.max_tokens, lo=1, hi=INT32_MAX),
                    temperature=f.number("temperature", d.temperature, lo=0.0),
                    top_p=_top_p(f, d.top_p), top_k=max(top_k, 0),  # -1 = off, as in vLLM
                    min_p=f.number("min_p", d.min_p, lo=0.0, hi=1.0),
@@ -168,13 +326,13 @@ def _n(f: Fields, n_slots: int) -> int:
 
 
 def _include_usage(f: Fields) -> bool:
-    """Whether a stream ends with a usage chunk: yes unless stream_options.include_usage is false."""
+    """Whether a stream ends with a usage chunk: only when stream_options.include_usage is true."""
     v = f.body.get("stream_options")
     if v is None:
-        return True
+        return False
     if not isinstance(v, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
-    return Fields(v).boolean("include_usage", True)
+    return Fields(v).boolean("include_usage", False)
 
 
 def _speculative(f: Fields) -> SpecOverride | None:
@@ -192,23 +350,39 @@ def _speculative(f: Fields) -> SpecOverride | None:
     s = Fields(v)
     if not s.boolean("enabled", True):
         return SpecOverride(off=True)
-    n_max, p_min = s.integer("n_max", None, lo=0), s.number("p_min", None, lo=0.0, hi=1.0)
+    n_max, p_min = s.integer("n_max", None, lo=0, hi=INT32_MAX), s.number("p_min", None, lo=0.0, hi=1.0)
     return SpecOverride(n_max=n_max, p_min=p_min) if (n_max, p_min) != (None, None) else None
 
 
-def _prompt(f: Fields) -> str | list[int]:
-    """A text or a list of token ids; a batch of one ([text] or [[ids]]) is unwrapped."""
+def _prompts(f: Fields) -> list[Prompt]:
+    """One prompt or several: a text, token ids, or a list of texts and token-id lists."""
     v = f.body.get("prompt")
     if v is None:
         raise bad_request("'prompt' is required", "prompt")
-    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], (str, list)):
-        v = v[0]
+    return _prompt_list(v, "prompt")
+
+
+def _prompt_list(v: Any, name: str) -> list[Prompt]:
     if isinstance(v, str):
-        return v
-    if isinstance(v, list) and v and all(isinstance(x, (str, list)) for x in v):
-        raise bad_request("one prompt per request: send several requests (they are batched together)",
-                          "prompt")
-    return _token_ids(v, "prompt", None)
+        return [v]
+    what = (f"'{name}' must be a string, a list of token ids, or a list of strings and token-id lists")
+    if not isinstance(v, list) or not v:
+        raise bad_request(what if v != [] else f"'{name}' is empty", name)
+    if all(_is_int(t) for t in v):
+        return [_token_ids(v, name, None)]
+    out: list[Prompt] = []
+    for x in v:
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, list) and x and all(_is_int(t) for t in x):
+            out.append(list(x))
+        else:
+            raise bad_request(what, name)
+    return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _token_ids(v: Any, name: str, n_vocab: int | None, allow_empty: bool = False) -> list[int]:
@@ -229,8 +403,8 @@ def _check_token_range(tokens: list[int], name: str, n_vocab: int) -> None:
                           name)
 
 
-def check_prompt_tokens(tokens: list[int], n_vocab: int) -> None:
-    _check_token_range(tokens, "prompt", n_vocab)
+def check_prompt_tokens(tokens: list[int], n_vocab: int, name: str = "prompt") -> None:
+    _check_token_range(tokens, name, n_vocab)
 
 
 def _messages(f: Fields) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 
 Besides OpenAI's fields every response carries ``speculative``: the method, draft tokens sent to
 verification, how many the target accepted, the acceptance rate and tau (tokens per verify step,
-the target's own included), summed over the request's choices.
+the target's own included), summed over the request's choices. In a stream each choice's last chunk
+carries its own, and the usage chunk (``stream_options.include_usage``) the sum.
 """
 from __future__ import annotations
 
@@ -31,13 +32,16 @@ class Choice:
 class ResponseBuilder:
     """Builds the objects of one request: same id, creation time and model in each of them."""
 
-    def __init__(self, endpoint: str, model: str, method: str, n_prompt: int) -> None:
+    def __init__(self, endpoint: str, model: str, method: str, n_prompt: int, fingerprint: str = "",
+                 include_usage: bool = False) -> None:
         self.chat = endpoint == "chat.completions"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.model = model
         self.method = method
-        self.n_prompt = n_prompt
+        self.n_prompt = n_prompt  # summed over the prompts
+        self.fingerprint = fingerprint
+        self.include_usage = include_usage
 
     # ---- whole responses --------------------------------------------------------------------------
 
@@ -56,7 +60,8 @@ class ResponseBuilder:
     # ---- streamed chunks --------------------------------------------------------------------------
 
     def chunk(self, index: int, text: str, finish_reason: str | None = None, *,
-              first: bool = False) -> dict[str, Any]:
+              first: bool = False, stats: SpecStats | None = None) -> dict[str, Any]:
+        """A chunk of choice ``index``; its last (``finish_reason``) carries its speculative stats."""
         finish = FINISH.get(finish_reason or "", finish_reason) if finish_reason else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if first else \
@@ -64,10 +69,16 @@ class ResponseBuilder:
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**self._head(self._chunk_object), "choices": [choice]}
+        out = {**self._head(self._chunk_object), "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None  # as OpenAI: null in every chunk but the last
+        if finish_reason is not None:
+            out["speculative"] = speculative_stats(self.method, [stats] if stats else [])
+        return out
 
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
-        """The last chunk of a stream: no choices, the usage and speculative stats."""
+        """The last chunk of a stream that asked for it (stream_options.include_usage): no choices,
+        the usage and the speculative stats of every choice."""
         return {**self._head(self._chunk_object), "choices": [], **self.usage(choices)}
 
     @property
@@ -83,7 +94,8 @@ class ResponseBuilder:
                 "speculative": speculative_stats(self.method, [c.stats for c in choices if c.stats])}
 
     def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint}
 
 
 def speculative_stats(method: str, stats: list[SpecStats]) -> dict[str, Any]:

@@ -7,14 +7,17 @@ computes (cffi releases it for each C call, and no Python callback runs inside a
 
 Sequences reach their HTTP request through ``Job.deliver``, called on this thread with a
 GenerationChunk (its last one has finish_reason and stats) or a Failure; nothing follows either.
+Other work on the models (embeddings) runs on this thread too, between steps (:meth:`Scheduler.call`):
+the device is never shared between two threads.
 """
 from __future__ import annotations
 
 import logging
 import threading
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..decode_loop import Request
 from ..decode_loop import _LiveSequence as LiveSequence  # a request's text state: detokenizer, stop strings
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from .metrics import Metrics
 
 log = logging.getLogger("dspark_ggml.server")
+T = TypeVar("T")
 
 
 class QueueFullError(Exception):
@@ -86,6 +90,7 @@ class Scheduler:
         self._waiting: deque[Job] = deque()
         self._admitted = 0  # jobs submitted and not yet finished (waiting or running)
         self._slots: dict[int, _Slot] = {}
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._stopping = False
         self.device_lost: str | None = None  # why the models' device stopped answering, once it did
         self._thread = threading.Thread(target=self._run, name="dspark-engine-loop", daemon=True)
@@ -105,6 +110,17 @@ class Scheduler:
             self._waiting.extend(jobs)
             self._admitted += len(jobs)
             self._cv.notify()
+
+    def call(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the engine loop thread between two steps; its result (or exception) comes
+        in the future. QueueFullError when the server is shutting down."""
+        future: Future[T] = Future()
+        with self._cv:
+            if self._stopping:
+                raise QueueFullError("the server is shutting down")
+            self._calls.append((fn, future))
+            self._cv.notify()
+        return future
 
     def cancel(self, job: Job) -> None:
         """Drop a job: at once if it waits, at the next step boundary if it runs (its KV cells freed)."""
@@ -137,12 +153,18 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not (self._waiting or self._slots or self._stopping):
+                while not (self._waiting or self._slots or self._calls or self._stopping):
                     self._cv.wait()
                 if self._stopping and not self._slots and all(j.cancelled for j in self._waiting):
                     self._waiting.clear()
+                    for _, future in self._calls:
+                        future.set_exception(QueueFullError("the server is shutting down"))
+                    self._calls.clear()
                     return
                 arrivals = self._take_arrivals()
+                calls = list(self._calls)
+                self._calls.clear()
+            self._run_calls(calls)
             try:
                 self._drop_cancelled()
                 self._admit(arrivals)
@@ -150,6 +172,16 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 (a bug here must not leave every client waiting)
                 log.exception("engine loop error: failing the requests in flight")
                 self._fail_all(arrivals, e)
+
+    @staticmethod
+    def _run_calls(calls: list[tuple[Callable[[], Any], Future]]) -> None:
+        for fn, future in calls:
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 (the caller's to handle)
+                future.set_exception(e)
 
     def _take_arrivals(self) -> list[Job]:
         """Waiting jobs that get a slot now (cancelled ones are dropped on the way). Lock held."""
@@ -170,10 +202,14 @@ class Scheduler:
     def _admit(self, arrivals: list[Job]) -> None:
         for i, job in enumerate(arrivals):
             try:
-                engine = self._pool.get(job.speculative)
-                seq = LiveSequence(job.request, self._free_slot(), self._tokenizer)
-                tokens = engine.add(seq.seq_id, job.request.prompt, job.request.sampling,
-                                    [[t] for t in job.request.stop_token_ids])
+                engine = self._pool.acquire(job.speculative)
+                try:
+                    seq = LiveSequence(job.request, self._free_slot(), self._tokenizer)
+                    tokens = engine.add(seq.seq_id, job.request.prompt, job.request.sampling,
+                                        [[t] for t in job.request.stop_token_ids])
+                except BaseException:
+                    self._pool.release(engine)  # the sequence never ran: the engine is not held
+                    raise
             except ContextFullError as e:
                 if self._slots:  # the cells are shared: wait until a running sequence frees some
                     with self._cv:
@@ -232,6 +268,7 @@ class Scheduler:
             slot.engine.remove(slot.seq_id)
         finally:
             del self._slots[slot.seq_id]
+            self._pool.release(slot.engine)
         self._metrics.record_sequence(stats)
         return stats
 
@@ -260,6 +297,10 @@ class Scheduler:
             except Exception:  # noqa: BLE001 (best effort: the engine may be what failed)
                 pass
             del self._slots[slot.seq_id]
+            try:
+                self._pool.release(slot.engine)
+            except Exception:  # noqa: BLE001
+                pass
             self._fail(slot.job, error)
         for job in arrivals:
             if not job.finished:

@@ -1,4 +1,5 @@
-"""Request guards: the API key (401) and the body size limit (413).
+"""Request guards: the API key (401), the body size limit (413), and JSON bodies the rest of the
+server can take (400 otherwise: not JSON, nested too deep, a lone UTF-16 surrogate, NaN/Infinity).
 
 The key is compared in constant time (hmac.compare_digest) so response timing does not reveal how
 much of a guess was right. /health stays open so that load balancers and supervisors can probe.
@@ -7,7 +8,10 @@ from __future__ import annotations
 
 import hmac
 import json
+import re
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+
+from starlette.requests import ClientDisconnect
 
 from .errors import ApiError, bad_request, error_body
 
@@ -16,7 +20,15 @@ if TYPE_CHECKING:
 
 OPEN_PATHS = frozenset({"/health"})
 DRAIN_FACTOR = 16  # a body this many times the limit is not read to its end
+# a \uD800-\uDFFF escape: the only way a JSON body (UTF-8) can carry a surrogate
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Awaitable[None]]
+
+
+class ClientGone(Exception):
+    """The client disconnected while sending its request: nobody is left to answer (not an error)."""
 
 
 class ApiKeyMiddleware:
@@ -47,19 +59,63 @@ class ApiKeyMiddleware:
 
 async def read_json(request: Request, limit: int) -> Any:
     """The request's JSON body; 413 beyond ``limit`` bytes (counted as it arrives: Content-Length
-    may be absent or wrong), 400 if it is not JSON."""
+    may be absent or wrong), 400 if it is not JSON or not JSON the server can take; ClientGone if
+    the client disconnected before sending it all."""
     chunks, size = [], 0
     stream = request.stream()
-    async for chunk in stream:
-        size += len(chunk)
-        if size > limit:
-            await _discard(stream, size, DRAIN_FACTOR * limit)
-            raise _too_large(limit)
-        chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks))
+        async for chunk in stream:
+            size += len(chunk)
+            if size > limit:
+                await _discard(stream, size, DRAIN_FACTOR * limit)
+                raise _too_large(limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone() from None
+    return parse_json(b"".join(chunks))
+
+
+def parse_json(raw: bytes) -> Any:
+    """JSON (RFC 8259: no NaN or Infinity) whose every string is valid Unicode. Nesting stops at
+    Python's recursion limit; no field of a request nests (fields are checked for their shape), so
+    nothing deeper than that reaches code that recurses."""
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:  # deeper than Python's recursion limit (about 1000): no request is
+        raise bad_request("the request body is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"the request body is not valid JSON: {e}") from None
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_unicode(value)
+    return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_unicode(value: Any) -> None:
+    """400 when a string (or key) holds a lone UTF-16 surrogate: not Unicode text, nothing can encode it."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            strings = [v]
+        elif isinstance(v, dict):
+            strings = list(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+            continue
+        else:
+            continue
+        for text in strings:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                bad = text[e.start:e.end].encode("unicode_escape").decode("ascii")
+                raise bad_request(f"the request has a lone UTF-16 surrogate ({bad}) in a string: "
+                                  "not valid Unicode") from None
 
 
 async def _discard(stream: AsyncIterator[bytes], size: int, cap: int) -> None:

@@ -2,10 +2,14 @@
 the engine loop, and free everything at shutdown."""
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import threading
 from typing import TYPE_CHECKING, Callable
 
+from .._version import __version__
+from .embeddings import Embedder
 from .engines import EnginePool
 from .errors import ApiError, unavailable
 from .metrics import Metrics
@@ -36,6 +40,8 @@ class ServerState:
         self.metrics = Metrics()
         self.llm: LLM | None = None
         self.scheduler: Scheduler | None = None
+        self.embedder: Embedder | None = None
+        self.fingerprint = ""  # system_fingerprint, once loaded
         self.load_error: BaseException | None = None
         self._pool: EnginePool | None = None
         self._load = load
@@ -67,6 +73,8 @@ class ServerState:
             if llm.n_seq_max < self.config.n_slots:
                 raise ValueError(f"the context takes {llm.n_seq_max} sequences, the server needs "
                                  f"{self.config.n_slots}")
+            self.fingerprint = system_fingerprint(llm)
+            self.embedder = Embedder(llm, self.config.embeddings_n_ctx)
             pool = EnginePool(llm)
             scheduler = Scheduler(pool, llm.tokenizer, self.config.n_slots, self.config.capacity,
                                   self.metrics)
@@ -86,14 +94,41 @@ class ServerState:
             self.scheduler.stop()
         if self._pool is not None:
             self._pool.close()
+        if self.embedder is not None:  # its context before the model it computes with
+            self.embedder.close()
         if self.llm is not None:
             self.llm.close()
-        self.llm = self.scheduler = self._pool = None
+        self.llm = self.scheduler = self._pool = self.embedder = None
 
     def gauges(self) -> dict[str, tuple[str, Callable[[], float]]]:
         """The live values /metrics reads: queue depth, busy and total slots, readiness."""
         s = self.scheduler
         return {"queue_depth": ("sequences waiting for a slot", lambda: s.queue_depth if s else 0),
                 "slots_busy": ("slots running a sequence", lambda: s.busy_slots if s else 0),
-                "slots_total": ("slots (-np)", lambda: self.config.n_slots),
+                "slots": ("slots: sequences decoded at once (-np)", lambda: self.config.n_slots),
                 "ready": ("1 once the model is loaded", lambda: 1 if self.ready else 0)}
+
+
+def system_fingerprint(llm: LLM) -> str:
+    """"dspark-ggml-<version>-<hash>": the hash of the model files' names and sizes and of the
+    build (ggml version and commit, backends, CPU features, the native libraries' sizes). Stable
+    while the same files run on the same build; a changed model or build changes it."""
+    from .. import _lib
+    from ..system import library_version, system_info
+
+    h = hashlib.sha256()
+    parts = [__version__, library_version(), system_info()]
+    paths = [llm.model.path] + ([llm.draft_model.path] if llm.draft_model is not None else [])
+    try:
+        lib_dir = _lib.lib_dir()
+        paths += [os.path.join(lib_dir, name) for name in sorted(os.listdir(lib_dir))]
+    except OSError:
+        pass
+    for path in paths:
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            size = -1
+        parts.append(f"{os.path.basename(path)}:{size}")
+    h.update("\n".join(parts).encode())
+    return f"dspark-ggml-{__version__}-{h.hexdigest()[:12]}"

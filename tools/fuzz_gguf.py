@@ -3,7 +3,7 @@ demo pair (tests/gguf_mutate.py), each loaded and run in a worker subprocess wit
 time limit (tests/gguf_fuzz.py). Prints the outcome counts; crashes and hangs are saved with their
 seed and index.
 
-    python bench/fuzz_gguf.py --n 20000 [--seed 1] [--hf-archs] [--extra FILE.gguf[:TARGET.gguf] ...]
+    python tools/fuzz_gguf.py --n 20000 [--seed 1] [--hf-archs] [--extra FILE.gguf[:TARGET.gguf] ...]
 
 --hf-archs adds the Gemma-4 and Qwen3-MoE test targets (tiny transformers checkpoints converted by
 our converter; needs torch and transformers). --extra adds any GGUF (a target, or a draft with its
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # the fuzzer is test tooling: tests/gguf_fuzz.py, imported as the tests do
 from tests.gguf_fuzz import Base, default_bases, run  # noqa: E402
 
 
@@ -29,7 +29,7 @@ def _extra(spec: str) -> Base:
 
 
 def _hf_arch_bases(directory: Path) -> list[Base]:
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "tests"))  # tests/new_archs.py imports its sibling hf_checkpoints by that name
     from new_archs import CASES, converted
 
     return [Base(converted(directory, case)[1], "target") for case in CASES]

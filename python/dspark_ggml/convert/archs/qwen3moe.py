@@ -1,4 +1,4 @@
-"""Mixture-of-experts targets: Qwen3-MoE, written as llama.cpp's `qwen3moe` architecture.
+"""Qwen3-MoE (`Qwen3MoeForCausalLM`), written as llama.cpp's `qwen3moe` architecture.
 
 The experts of a layer become three 3-D tensors `ffn_{gate,up,down}_exps.weight` of shape
 [experts, out, in] (ggml {in, out, experts}); the router is `ffn_gate_inp.weight` (kept in
@@ -20,17 +20,18 @@ from typing import Optional
 
 import numpy as np
 
-from . import gguf_keys as K
-from .backbone import Backbone, read_backbone, write_backbone_kv
-from .errors import ConversionError
-from .hf_config import Config
-from .metadata import KeyValues
-from .plan import ModelPlan, PlannedTensor, StoredTensor
-from .quant import OutType, tensor_type
-from .safetensors_io import FLOAT_DTYPES, Checkpoint, TensorRef, read_rows, read_tensor
-from .tensor_names import layer_tensor_name, layer_tensor_shapes
+from .. import gguf_keys as K
+from ..backbone import Backbone, read_backbone, write_backbone_kv
+from ..errors import ConversionError
+from ..hf_config import Config
+from ..metadata import KeyValues
+from ..plan import ModelPlan, PlannedTensor, StoredTensor
+from ..quant import OutType, tensor_type
+from ..safetensors_io import FLOAT_DTYPES, Checkpoint, TensorRef, read_rows, read_tensor
+from ..tensor_names import layer_tensor_name, layer_tensor_shapes
+from .base import TargetArch
 
-ARCH = "qwen3moe"
+GGUF_ARCH = "qwen3moe"
 _PER_EXPERT = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _FUSED = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(gate_up|down)_proj$")
 _LAYER_MOE = re.compile(r"^model\.layers\.(\d+)\.mlp\.(gate\.weight|shared_expert_gate\.weight|"
@@ -168,14 +169,14 @@ def plan_qwen3moe_target(ckpt: Checkpoint, cfg: Config, out: OutType) -> tuple[M
     if bb.partial_rotary_factor not in (None, 1.0) or bb.rope.kind == "llama3":
         raise ConversionError(f"{cfg.where}: partial rotary / llama3 rope are not supported for "
                               "qwen3moe targets")
-    kv = KeyValues(ARCH)
+    kv = KeyValues(GGUF_ARCH)
     write_backbone_kv(bb, kv)
     kv.u32(K.EXPERT_COUNT, moe.n_expert)
     kv.u32(K.EXPERT_USED_COUNT, moe.n_used)
     kv.u32(K.EXPERT_FEED_FORWARD_LENGTH, moe.n_ff_exp)
     if moe.n_ff_shexp:
         kv.u32(K.EXPERT_SHARED_FEED_FORWARD_LENGTH, moe.n_ff_shexp)
-    plan = ModelPlan(ARCH, kv)
+    plan = ModelPlan(GGUF_ARCH, kv)
 
     dense = {p: s for p, s in layer_tensor_shapes(bb, qk_norm=True).items()
              if not p.startswith("mlp.")}
@@ -228,3 +229,15 @@ def _check_complete(seen: set[str], bb: Backbone, dense: dict, mlp: dict, cfg: C
     if missing:
         raise ConversionError(f"{cfg.where}: the checkpoint lacks {len(missing)} tensor(s) the "
                               f"config implies, e.g. {missing[:3]}")
+
+
+class Qwen3Moe(TargetArch):
+    gguf_arch = GGUF_ARCH
+    hf_architectures = ("Qwen3MoeForCausalLM",)
+
+    def plan_target(self, ckpt: Checkpoint, cfg: Config, out: OutType) -> tuple[ModelPlan, int]:
+        plan, bb = plan_qwen3moe_target(ckpt, cfg, out)
+        return plan, bb.vocab_size
+
+
+ARCH = Qwen3Moe()
