@@ -1,4 +1,4 @@
-"""Models loaded by the C core: targets (qwen3, llama, qwen2) and DFlash/DSpark drafts."""
+"""Models loaded by the C core: targets (qwen3, qwen2, llama, qwen3moe, gemma4) and DFlash/DSpark drafts."""
 from __future__ import annotations
 
 import os
