@@ -204,6 +204,92 @@ def test_draft_on_another_device_than_the_target(files, accel):
     assert _run(target, draft, sp) == _run(target, None, sp)
 
 
+# ---- batch invariance: a row computed in a batch equals the row computed alone --------------------
+# Greedy speculation is lossless only if a verify block's rows come out bit for bit as the decode
+# steps they replace (dspark-matmul.h). ggml-vulkan computes up to 8 columns with its mul_mat_vec
+# shaders, each column alone, and 9 or more with tiled matmul shaders that add in another order; the
+# device's `groups` route splits larger batches into groups of at most 8 columns. A 256-wide tiny
+# target in each weight type, made by our own quantize (the K-quants need 256-value rows).
+
+INV_TYPES = ["f16", "q8_0", "q4_0", "q4_K", "q6_K", "iq4_nl"]
+INV_TARGET = TargetConfig(n_vocab=1024, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
+                          with_tokenizer=False)
+INV_BATCHES = list(range(1, 18)) + [33]
+# ggml-vulkan's flash attention splits a KV cache longer than one 32-cell block (the cache's view
+# is padded to 32) into a number of parts that depends on the batch's shape (split_k), so rows at
+# positions from 32 on differ in the last bits between a decode step and a verify block: that is
+# attention, not the matmuls, and is left to test_attention_beyond_32_cells_is_batch_invariant.
+FA_BLOCK = 32
+
+
+@pytest.fixture(scope="module")
+def inv_models(tmp_path_factory):
+    """{type: tiny target in that type}, plus "draft": a DSpark draft with 16-token blocks for it."""
+    from dspark_ggml.quantize import quantize_gguf
+
+    d = tmp_path_factory.mktemp("invariance")
+    src = d / "f32.gguf"
+    write_target(src, INV_TARGET, seed=3)
+    out = {"f32": src}
+    for t in INV_TYPES:
+        quantize_gguf(src, d / f"{t}.gguf", t, pure=True, progress=False)
+        out[t] = d / f"{t}.gguf"
+    write_draft(d / "draft.gguf", DraftConfig(block_size=16), INV_TARGET, seed=11)
+    out["draft"] = d / "draft.gguf"
+    return out
+
+
+def _rows_alone_and_in_batches(model: Model, tokens: list[int], batches: list[int], compared: int):
+    """(batch size, row) of every row among the first `compared` positions whose logits in a batch of
+    tokens[:N] (from position 0) differ from the same row decoded alone."""
+    ctx = Context(model, n_ctx=128, n_batch=64, n_threads=2, type_kv="f32")
+    alone = []
+    for t in tokens[:compared]:
+        ctx.decode([t])
+        alone.append(ctx.get_logits(copy=True)[0])
+    differ = []
+    for n in batches:
+        ctx.kv_seq_rm(0, 0)
+        ctx.decode(tokens[:n], outputs=[True] * n)
+        got = ctx.get_logits(copy=True)
+        differ += [(n, i) for i in range(min(n, compared)) if not np.array_equal(got[i], alone[i])]
+    ctx.close()
+    return differ
+
+
+@pytest.mark.parametrize("type_name", INV_TYPES)
+def test_rows_alone_and_in_any_batch_are_bit_identical_on_the_device(inv_models, accel, type_name):
+    """Batches of 1..17 and 33 rows (a 33-row batch runs as five groups)."""
+    tokens = [int(t) for t in np.random.default_rng(7).integers(0, INV_TARGET.n_vocab, max(INV_BATCHES))]
+    model = Model(inv_models[type_name], device=accel.index)
+    assert _rows_alone_and_in_batches(model, tokens, INV_BATCHES, FA_BLOCK) == []
+
+
+@pytest.mark.parametrize("type_name", ["q4_0", "q4_K"])  # (the draft is slow on lavapipe: two types)
+def test_greedy_speculation_is_token_identical_on_the_device(inv_models, accel, type_name):
+    """16-token verify blocks against one-token decode steps, with no near-tie allowance (the rows
+    stay within the first 32 KV cells: see FA_BLOCK). Without the groups route the second prompt
+    differs at its 10th token on q4_0 (lavapipe)."""
+    model = Model(inv_models[type_name], device=accel.index)
+    sp = SamplingParams(max_tokens=FA_BLOCK - 8)
+    prompts = [[3, 17, 5, 9, 1, 30, 2, 8], [700, 12, 96, 4]]
+    draft = DraftModel(inv_models["draft"], model)
+    for prompt in prompts:
+        outs = []
+        for d in (None, draft):
+            ctx = _ctx(model)
+            eng = Engine(ctx, DraftContext(d, n_ctx=256, type_kv="f32", n_threads=2) if d else None)
+            out = list(eng.add(0, prompt, sp))
+            while eng.status(0) == "active":
+                eng.step()
+                out += eng.new_tokens(0)[0]
+            outs.append(out)
+            if d:  # verify blocks longer than the device's exact batches (8 columns)
+                st = eng.stats(0)
+                assert st.n_drafted >= 8 * st.n_steps, (st.n_drafted, st.n_steps)
+        assert len(outs[0]) == sp.max_tokens and outs[1] == outs[0], prompt
+
+
 # ---- placement (runs on any build) -----------------------------------------------------------------
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:

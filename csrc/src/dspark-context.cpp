@@ -2,6 +2,7 @@
 
 #include "dspark-backend.h"
 #include "dspark-impl.h"
+#include "dspark-matmul.h"
 #include "dspark-rpc.h"
 #include "dspark-sampler.h"
 #include "models/target-graph.h"
@@ -83,9 +84,13 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     n_outputs_max = std::min<uint32_t>(params.n_batch, per_seq * params.n_seq_max);
 
     // node budget: the layers (MoE and Gemma-4 layers take about twice the nodes of a plain one),
-    // plus the in-graph sampler (engine backend sampling)
+    // plus the in-graph sampler (engine backend sampling), plus what splitting the matmuls of a
+    // batch takes on a device (dspark-matmul.h; up to a dozen matmuls a layer, and the head and
+    // input projections)
     dspark_rpc_check_alive(model.devices());
-    compute.init(model.device(), params.n_threads, (size_t) 256 + (size_t) hp().n_layer * 128 + dspark_sampler_graph_size(),
+    compute.init(model.device(), params.n_threads,
+                 (size_t) 256 + (size_t) hp().n_layer * 128 + dspark_sampler_graph_size() +
+                     dspark_matmul_extra_nodes(model.devices(), (size_t) hp().n_layer * 12 + 4),
                  model.devices());
     compute.set_batch_invariant(params.batch_invariant);
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);

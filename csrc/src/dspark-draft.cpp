@@ -3,6 +3,7 @@
 #include "dspark-backend.h"
 #include "dspark-context.h"
 #include "dspark-impl.h"
+#include "dspark-matmul.h"
 #include "dspark-rpc.h"
 
 #include <algorithm>
@@ -30,9 +31,11 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     // a block of every sequence must fit next to a full context: its cells are temporary
     const uint32_t n_cells = params.n_ctx + params.n_seq_max * (uint32_t) hp().block_size;
     dspark_rpc_check_alive(model.devices());
-    // node budget: the layers, and per block slot the Markov chain's step and an in-graph sampler
+    // node budget: the layers, per block slot the Markov chain's step and an in-graph sampler, and
+    // what splitting the matmuls of a batch takes on a device (dspark-matmul.h)
     compute.init(model.device(), params.n_threads,
-                 (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * (128 + dspark_sampler_graph_size()),
+                 (size_t) 512 + (size_t) hp().n_layer * 64 + (size_t) hp().block_size * (128 + dspark_sampler_graph_size()) +
+                     dspark_matmul_extra_nodes(model.devices(), (size_t) hp().n_layer * 12 + 4),
                  model.devices());
     compute.set_batch_invariant(params.batch_invariant);  // the same kernels as its target's
     const ggml_type kv_type = dspark_kv_ggml_type(params.type_kv);

@@ -40,7 +40,9 @@ ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * s
     const bool plain_2d = x->ne[2] == 1 && x->ne[3] == 1 && ggml_n_dims(w) <= 2;
     const dspark_mm_plan plan = plain_2d ? dspark_matmul_plan_of(w) : dspark_mm_plan{};
     ggml_tensor * y;
-    if (plan.route == dspark_mm_route::rows || (plan.route == dspark_mm_route::own && n < plan.own_below)) {
+    if (plan.route == dspark_mm_route::groups) {
+        y = dspark_matmul_groups(ctx, w, x, plan);  // a device: batches split into groups it computes exactly
+    } else if (plan.route == dspark_mm_route::rows || (plan.route == dspark_mm_route::own && n < plan.own_below)) {
         y = dspark_matmul_node(ctx, w, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), plan.route);
     } else if (pad_odd_columns && n > 1 && n % 2 == 1 && plain_2d && ggml_is_contiguous(x) &&
                ggml_nelements(w) >= (1 << 20)) {
@@ -55,7 +57,11 @@ ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * s
 }
 
 ggml_tensor * dspark_graph::mm_id(ggml_tensor * experts, ggml_tensor * x, ggml_tensor * ids) const {
-    if (dspark_matmul_plan_of(experts).route != dspark_mm_route::ggml) {
+    const dspark_mm_plan plan = dspark_matmul_plan_of(experts, true);
+    if (plan.route == dspark_mm_route::groups) {
+        return dspark_matmul_id_groups(ctx, experts, x, ids, plan);  // a device: tokens in groups, likewise
+    }
+    if (plan.route != dspark_mm_route::ggml) {
         // ggml picks a kernel per expert by how many rows chose it: one row at a time instead
         return dspark_matmul_id_rows(ctx, experts, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), ids);
     }

@@ -9,10 +9,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -151,6 +153,21 @@ ggml_tensor * dspark_matmul_id_rows(ggml_context * ctx, ggml_tensor * as, ggml_t
 
 namespace {
 
+// xorshift from a seed of the type and row length: fixed values, so a probe's verdict never varies
+// between runs (the CPU's probe and the devices')
+struct probe_random {
+    uint64_t state;
+
+    probe_random(ggml_type type, int64_t K) : state(0x9E3779B97F4A7C15ull ^ ((uint64_t) type << 32) ^ (uint64_t) K) {}
+
+    float uniform() {  // in [-1, 1)
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        return (float) ((state >> 40) * (1.0 / (1 << 24))) * 2.0f - 1.0f;
+    }
+};
+
 // Column counts tried: every verify length 1..17 (ggml's kernel switches sit at 2, 4 and 8), then
 // a few prefill-sized ones.
 const int64_t PROBE_COLS[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 32, 33, 64, 100};
@@ -246,20 +263,14 @@ dspark_mm_plan probe(ggml_backend_buffer_type_t buft, ggml_type type, int64_t K,
     dspark_backend_set_threads(backend, 1);
     probe_run run = {backend, buft, type, K, M, {}, {}};
 
-    uint64_t state = 0x9E3779B97F4A7C15ull ^ ((uint64_t) type << 32) ^ (uint64_t) K;
-    auto uniform = [&]() {  // xorshift: fixed values, so a probe's verdict never varies between runs
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        return (float) ((state >> 40) * (1.0 / (1 << 24))) * 2.0f - 1.0f;
-    };
+    probe_random rnd(type, K);
     std::vector<float> values((size_t) (M * K));
     for (float & v : values) {
-        v = uniform() * 0.1f;
+        v = rnd.uniform() * 0.1f;
     }
     run.x.resize((size_t) (MAX_COLS * K));
     for (float & v : run.x) {
-        v = uniform();
+        v = rnd.uniform();
     }
     run.weight.resize(ggml_row_size(type, K) * M);
     const std::vector<float> importance((size_t) K, 1.0f);  // some types quantize only with one
@@ -305,14 +316,284 @@ dspark_mm_plan dspark_matmul_plan(ggml_backend_buffer_type_t buft, ggml_type typ
     return it->second;
 }
 
-dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w) {
-    if (!w->buffer || !ggml_get_type_traits_cpu(w->type)->vec_dot) {
+static bool is_vulkan(ggml_backend_dev_t dev) {
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    return reg && strcmp(ggml_backend_reg_name(reg), "Vulkan") == 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Devices: which batches does the device compute as it computes each column alone?
+
+namespace {
+
+constexpr int64_t DEV_SINGLES = 17;  // columns the probe computes alone (a verify block's most)
+const int64_t DEV_BATCHES[] = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33, 64};
+const int64_t DEV_BATCHED[] = {9, 64};  // as [K, 1, n]: n single columns in one matmul
+
+// The rows a probe multiplies: the weight's own count up to 8208, else 8208 + (n_rows mod 16).
+// ggml-vulkan sizes its mul_mat_vec workgroups by the row count (thresholds at 4096 and 8192 rows
+// on some vendors) and tiles its matmuls by it; the value of a row does not depend on how many
+// rows follow it beyond that.
+int64_t device_probe_rows(int64_t n_rows) {
+    return n_rows <= 8208 ? n_rows : 8208 + n_rows % 16;
+}
+
+// One matmul of the device probe: input columns (first + c) mod DEV_SINGLES for c < n, with token
+// c on expert (its input column) mod 2 for mul_mat_id.
+struct probe_item {
+    int64_t       n, first;
+    bool          batched;  // x [K, 1, n] rather than [K, n]
+    ggml_tensor * x = nullptr, * ids = nullptr, * y = nullptr;
+
+    int64_t source(int64_t c) const { return (first + c) % DEV_SINGLES; }
+};
+
+// The singles first (item c is column c alone), then every batch to compare with them.
+std::vector<probe_item> probe_items(bool id) {
+    std::vector<probe_item> items;
+    for (int64_t c = 0; c < DEV_SINGLES; ++c) {
+        items.push_back({1, c, false});
+    }
+    for (int64_t n : DEV_BATCHES) {
+        items.push_back({n, n % DEV_SINGLES, false});
+    }
+    if (!id) {  // (mul_mat_id takes its tokens in [K, 1, T] already)
+        for (int64_t n : DEV_BATCHED) {
+            items.push_back({n, (n + 5) % DEV_SINGLES, true});
+        }
+    }
+    return items;
+}
+
+// M rows (per expert, X experts) of `type` quantized from 32 random rows, repeated: a device's
+// result for a row depends on the row count, not on the values of other rows.
+std::vector<uint8_t> probe_weight(ggml_type type, int64_t K, int64_t M, int64_t X, probe_random & rnd) {
+    constexpr int64_t BASE_ROWS = 32;
+    std::vector<float> values((size_t) (BASE_ROWS * K));
+    for (float & v : values) {
+        v = rnd.uniform() * 0.1f;
+    }
+    const size_t row_size = ggml_row_size(type, K);
+    std::vector<uint8_t> base(row_size * BASE_ROWS);
+    const std::vector<float> importance((size_t) K, 1.0f);  // some types quantize only with one
+    ggml_quantize_chunk(type, values.data(), base.data(), 0, BASE_ROWS, K, importance.data());
+    std::vector<uint8_t> weight(row_size * (size_t) (M * X));
+    for (int64_t e = 0; e < X; ++e) {
+        for (int64_t r = 0; r < M; ++r) {
+            memcpy(weight.data() + (e * M + r) * row_size, base.data() + ((r + 7 * e) % BASE_ROWS) * row_size, row_size);
+        }
+    }
+    return weight;
+}
+
+// Every item of `items` on the device in one graph: W [K, M] (with `id`, 2 experts [K, M, 2]) times
+// the item's columns of `x` (DEV_SINGLES columns of K). Returns each item's result ([M, n]; [M, 1, n]
+// for mul_mat_id, the same layout), or nothing when the device could not run the probe.
+std::vector<std::vector<float>> probe_device_compute(ggml_backend_dev_t dev, ggml_type type, int64_t K, int64_t M, bool id,
+                                                     const std::vector<uint8_t> & weight, const std::vector<float> & x,
+                                                     std::vector<probe_item> & items) {
+    const int64_t X = id ? 2 : 1;
+    ggml_init_params gp = { (1 + 3 * items.size()) * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(gp);
+    ggml_tensor * W = id ? ggml_new_tensor_3d(ctx, type, K, M, X) : ggml_new_tensor_2d(ctx, type, K, M);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    for (probe_item & it : items) {
+        const bool as_3d = id || it.batched;
+        it.x = as_3d ? ggml_new_tensor_3d(ctx, GGML_TYPE_F32, K, 1, it.n) : ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, it.n);
+        it.ids = id ? ggml_new_tensor_2d(ctx, GGML_TYPE_I32, 1, it.n) : nullptr;
+        it.y = id ? ggml_mul_mat_id(ctx, W, it.x, it.ids) : ggml_mul_mat(ctx, W, it.x);
+        ggml_build_forward_expand(gf, it.y);
+    }
+    ggml_backend_t backend = dspark_backend_init(dev);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    bool ok = buf != nullptr;
+    for (int i = 0; ok && i < ggml_graph_n_nodes(gf); ++i) {
+        ok = ggml_backend_supports_op(backend, ggml_graph_node(gf, i));
+    }
+    std::vector<std::vector<float>> out;
+    if (ok) {
+        ggml_backend_tensor_set(W, weight.data(), 0, weight.size());
+        for (probe_item & it : items) {
+            std::vector<int32_t> ids((size_t) it.n);
+            for (int64_t c = 0; c < it.n; ++c) {
+                ggml_backend_tensor_set(it.x, x.data() + it.source(c) * K, c * sizeof(float) * K, sizeof(float) * K);
+                ids[(size_t) c] = (int32_t) (it.source(c) % X);
+            }
+            if (it.ids) {
+                ggml_backend_tensor_set(it.ids, ids.data(), 0, sizeof(int32_t) * ids.size());
+            }
+        }
+        ok = ggml_backend_graph_compute(backend, gf) == GGML_STATUS_SUCCESS;
+    }
+    for (size_t i = 0; ok && i < items.size(); ++i) {
+        out.emplace_back((size_t) (M * items[i].n));
+        ggml_backend_tensor_get(items[i].y, out.back().data(), 0, sizeof(float) * out.back().size());
+    }
+    if (buf) {
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_backend_free(backend);
+    ggml_free(ctx);
+    return out;
+}
+
+// The plan from the probe's verdicts: `agree[i]` says whether item DEV_SINGLES + i gave every
+// column the bits of that column alone.
+dspark_mm_plan device_plan_from(const std::vector<probe_item> & items, const std::vector<bool> & agree) {
+    dspark_mm_plan plan;  // ggml
+    int64_t group = 1;    // the largest n whose batches 2..n all agree
+    bool all = true, batched = true;
+    for (size_t b = 0; b < agree.size(); ++b) {
+        const probe_item & it = items[DEV_SINGLES + b];
+        if (it.batched) {
+            batched = batched && agree[b];
+            continue;
+        }
+        all = all && agree[b];
+        if (all && it.n <= DEV_SINGLES) {
+            group = it.n;
+        }
+    }
+    if (!all) {
+        plan.route = dspark_mm_route::groups;
+        plan.group = group;
+        plan.batched = batched && items.back().batched;  // (mul_mat_id probes no [K, 1, n] item)
+    }
+    return plan;
+}
+
+dspark_mm_plan probe_device(ggml_backend_dev_t dev, ggml_type type, int64_t K, int64_t M, bool id) {
+    probe_random rnd(type, K);
+    const std::vector<uint8_t> weight = probe_weight(type, K, M, id ? 2 : 1, rnd);
+    std::vector<float> x((size_t) (DEV_SINGLES * K));
+    for (float & v : x) {
+        v = rnd.uniform();
+    }
+    std::vector<probe_item> items = probe_items(id);
+    const std::vector<std::vector<float>> out = probe_device_compute(dev, type, K, M, id, weight, x, items);
+    if (out.empty()) {
+        DSPARK_LOG_WARN("%s: could not probe %s%s matmuls of %lld x %lld; using ggml's as they are",
+                        ggml_backend_dev_name(dev), ggml_type_name(type), id ? " (id)" : "", (long long) K, (long long) M);
+        return {};
+    }
+    std::vector<bool> agree;
+    std::string table;  // for the log: "2= 3= ... 9x ... 1x9=" (= agrees, x differs)
+    for (size_t i = DEV_SINGLES; i < items.size(); ++i) {
+        bool all = true;
+        for (int64_t c = 0; c < items[i].n && all; ++c) {
+            all = memcmp(out[i].data() + c * M, out[(size_t) items[i].source(c)].data(), sizeof(float) * M) == 0;
+        }
+        agree.push_back(all);
+        table += (table.empty() ? "" : " ") + std::string(items[i].batched ? "1x" : "") + std::to_string(items[i].n) +
+                 (all ? "=" : "x");
+    }
+    const dspark_mm_plan plan = device_plan_from(items, agree);
+    DSPARK_LOG_DEBUG("matmul plan for %s%s rows of %lld (%lld probed) on %s: %s (group %lld%s) [%s]", ggml_type_name(type),
+                     id ? " experts" : "", (long long) K, (long long) M, ggml_backend_dev_name(dev),
+                     dspark_mm_route_name(plan.route), (long long) plan.group, plan.batched ? ", batched" : "", table.c_str());
+    return plan;
+}
+
+// Concatenate parts along dimension `dim`, pairwise (each column is copied log2(parts) times).
+ggml_tensor * concat_all(ggml_context * ctx, std::vector<ggml_tensor *> parts, int dim) {
+    while (parts.size() > 1) {
+        std::vector<ggml_tensor *> next;
+        for (size_t i = 0; i < parts.size(); i += 2) {
+            next.push_back(i + 1 < parts.size() ? ggml_concat(ctx, parts[i], parts[i + 1], dim) : parts[i]);
+        }
+        parts.swap(next);
+    }
+    return parts[0];
+}
+
+// A view at byte offset `offs` into its source that the device can bind: copied when the offset
+// is not a multiple of the device's alignment (ggml-vulkan binds storage buffers at aligned offsets).
+ggml_tensor * bindable(ggml_context * ctx, ggml_tensor * view, size_t offs, const ggml_tensor * w) {
+    const size_t align = w->buffer ? ggml_backend_buft_get_alignment(ggml_backend_buffer_get_type(w->buffer)) : 1;
+    return align > 1 && offs % align != 0 ? ggml_cont(ctx, view) : view;
+}
+
+}  // namespace
+
+dspark_mm_plan dspark_matmul_plan_device(ggml_backend_dev_t dev, ggml_type type, int64_t n_per_row, int64_t n_rows, bool id) {
+    // DSPARK_DEVICE_MATMUL=ggml: ggml's matmuls as they are (rows may then depend on the batch)
+    static const bool off = getenv("DSPARK_DEVICE_MATMUL") && strcmp(getenv("DSPARK_DEVICE_MATMUL"), "ggml") == 0;
+    if (off) {
+        return {};
+    }
+    const int64_t M = device_probe_rows(n_rows);
+    static std::mutex mutex;
+    static std::map<std::tuple<ggml_backend_dev_t, ggml_type, int64_t, int64_t, bool>, dspark_mm_plan> known;
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto key = std::make_tuple(dev, type, n_per_row, M, id);
+    auto it = known.find(key);
+    if (it == known.end()) {
+        it = known.emplace(key, probe_device(dev, type, n_per_row, M, id)).first;
+    }
+    return it->second;
+}
+
+ggml_tensor * dspark_matmul_groups(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, const dspark_mm_plan & plan) {
+    GGML_ASSERT(plan.route == dspark_mm_route::groups && plan.group >= 1 && x->ne[2] == 1 && x->ne[3] == 1);
+    const int64_t K = x->ne[0], N = x->ne[1], group = plan.group;
+    if (N <= group) {
+        return ggml_mul_mat(ctx, w, x);  // the device computes this batch as each column alone
+    }
+    x = ggml_is_contiguous(x) ? x : ggml_cont(ctx, x);
+    if (plan.batched && (group == 1 || N > group * DSPARK_MM_MAX_GROUPS)) {
+        // one matmul of N single columns: ggml-vulkan runs its one-column shader on each
+        ggml_tensor * y = ggml_mul_mat(ctx, w, ggml_reshape_3d(ctx, x, K, 1, N));  // [M, 1, N]
+        return ggml_reshape_2d(ctx, y, y->ne[0], N);
+    }
+    if (N > group * DSPARK_MM_MAX_GROUPS) {
+        return ggml_mul_mat(ctx, w, x);  // a prefill the device cannot compute column by column
+    }
+    std::vector<ggml_tensor *> parts;
+    for (int64_t c0 = 0; c0 < N; c0 += group) {
+        const size_t offs = c0 * x->nb[1];
+        ggml_tensor * cols = ggml_view_2d(ctx, x, K, std::min(group, N - c0), x->nb[1], offs);
+        parts.push_back(ggml_mul_mat(ctx, w, bindable(ctx, cols, offs, w)));
+    }
+    return concat_all(ctx, parts, 1);
+}
+
+ggml_tensor * dspark_matmul_id_groups(ggml_context * ctx, ggml_tensor * as, ggml_tensor * b, ggml_tensor * ids,
+                                      const dspark_mm_plan & plan) {
+    GGML_ASSERT(plan.route == dspark_mm_route::groups && plan.group >= 1 && b->ne[2] == ids->ne[1]);
+    const int64_t T = ids->ne[1], group = plan.group;
+    if (T <= group || T > group * DSPARK_MM_MAX_GROUPS) {
+        return ggml_mul_mat_id(ctx, as, b, ids);  // (the second: a prefill, ggml's as it is)
+    }
+    std::vector<ggml_tensor *> parts;
+    for (int64_t t0 = 0; t0 < T; t0 += group) {
+        const int64_t n = std::min(group, T - t0);
+        const size_t boffs = t0 * b->nb[2], ioffs = t0 * ids->nb[1];
+        ggml_tensor * bs = ggml_view_3d(ctx, b, b->ne[0], b->ne[1], n, b->nb[1], b->nb[2], boffs);
+        ggml_tensor * is = ggml_view_2d(ctx, ids, ids->ne[0], n, ids->nb[1], ioffs);
+        parts.push_back(ggml_mul_mat_id(ctx, as, bindable(ctx, bs, boffs, as), bindable(ctx, is, ioffs, as)));
+    }
+    return concat_all(ctx, parts, 2);
+}
+
+size_t dspark_matmul_extra_nodes(const std::vector<ggml_backend_dev_t> & devs, size_t n_matmuls) {
+    // per group at most: views of the input and of mm_id's ids, copies of both where misaligned, the
+    // matmul and (but for one group) a concatenation
+    constexpr size_t PER_GROUP = 6;
+    const bool any = std::any_of(devs.begin(), devs.end(), [](ggml_backend_dev_t d) { return d && is_vulkan(d); });
+    return any ? n_matmuls * PER_GROUP * DSPARK_MM_MAX_GROUPS : 0;
+}
+
+dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w, bool id) {
+    if (!w->buffer) {
         return {};
     }
     ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(w->buffer);
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);  // none for a mapped file's buffer
-    if ((dev && !dspark_device_is_cpu(dev)) || !ggml_backend_buft_is_host(buft)) {
-        return {};  // not on the CPU, or a repacked layout (used only where its plan is ggml)
+    if (dev && !dspark_device_is_cpu(dev)) {
+        return is_vulkan(dev) ? dspark_matmul_plan_device(dev, w->type, w->ne[0], w->ne[1], id) : dspark_mm_plan{};
+    }
+    if (!ggml_get_type_traits_cpu(w->type)->vec_dot || !ggml_backend_buft_is_host(buft)) {
+        return {};  // a repacked layout (used only where its plan is ggml)
     }
     // a plain layout, whether mapped from the file or copied: one plan
     return dspark_matmul_plan(ggml_backend_dev_buffer_type(dspark_device_cpu()), w->type, w->ne[0], w->ne[1]);
@@ -323,6 +604,7 @@ const char * dspark_mm_route_name(dspark_mm_route route) {
         case dspark_mm_route::ggml: return "ggml";
         case dspark_mm_route::own:  return "own";
         case dspark_mm_route::rows: return "rows";
+        case dspark_mm_route::groups: return "groups";
     }
     return "?";
 }

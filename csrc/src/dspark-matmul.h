@@ -23,25 +23,68 @@
 //          column, so a row is computed as a decode computes it (K-quants, iq4_xs, plain iq4_nl).
 // A repacked layout is used only where the plan is ggml (its gemm and gemv agree): q4_K and q2_K
 // stay in the plain layout on x86 and take its plan.
+//
+// A Vulkan device has the same problem with its own kernels (ggml-vulkan.cpp, ggml 0.25.3): up to
+// mul_mat_vec_max_cols = 8 columns it runs the mul_mat_vec shaders, one workgroup per row block
+// and every column reduced alone; from 9 columns on the tiled matmul shaders (mm, or mmq on q8_1
+// activations), which add in another order (and with f16 operands where the device has f16), so
+// every row of a 9..17-column verify block differs from its decode step. Devices with integer dot
+// products can also differ at 2..8 columns: mul_mat_vec quantizes the columns to q8_1 (mmvq) for
+// every batch of two or more, but for one column only on some vendors and row lengths
+// (ggml_vk_should_use_mmvq). A probe on the device finds, per weight type and shape, the largest
+// group of columns that comes out as each column alone:
+//   ggml    every probed batch (1..17, 33, 64 columns) did: ggml's matmul as it is.
+//   groups  batches of more than `group` columns run as matmuls of at most `group` columns (views
+//           of the input, the results concatenated), up to DSPARK_MM_MAX_GROUPS of them; larger
+//           batches (prefills) run as one matmul over a [K, 1, N] view, which ggml-vulkan computes
+//           with its single-column shader once per column (`batched`: the probe found it exact;
+//           otherwise they keep ggml's matmul). On lavapipe group is 8 for every type probed.
+// mul_mat_id likewise: mul_mat_vec_id up to 8 tokens, the matmul shader beyond; groups of tokens.
+// Other non-CPU devices (CUDA, Metal, RPC) keep ggml's matmul for now: not probed.
+// DSPARK_DEVICE_MATMUL=ggml turns the device probe off (ggml's matmuls as they are).
 #pragma once
 
 #include "ggml.h"
 #include "ggml-backend.h"
 
-enum class dspark_mm_route { ggml, own, rows };
+#include <vector>
+
+enum class dspark_mm_route { ggml, own, rows, groups };
 
 struct dspark_mm_plan {
     dspark_mm_route route = dspark_mm_route::ggml;
     int64_t         own_below = 0;  // own: batches of fewer columns than this run our kernel
+    int64_t         group = 0;      // groups: the most columns (or tokens, for mm_id) one matmul may take
+    bool            batched = false;  // groups: a [K, 1, N] matmul gives every column the single-column bits
 };
+
+// The most groups one matmul is split into (a 64-column batch in groups of 8).
+constexpr int64_t DSPARK_MM_MAX_GROUPS = 8;
+
+// Graph nodes that `n_matmuls` matmuls may add by their plans (views, copies, concatenations) when
+// the weights are on one of `devs`: what a graph's node budget must leave room for.
+size_t dspark_matmul_extra_nodes(const std::vector<ggml_backend_dev_t> & devs, size_t n_matmuls);
 
 // The plan for a matmul by a weight of `type`, `n_rows` rows of `n_per_row` values, held in a buffer
 // of type `buft` (a CPU one: plain or repacked). Probed once per (buft, type, row length, row count
 // mod 16) and cached; the same inputs always give the same plan.
 dspark_mm_plan dspark_matmul_plan(ggml_backend_buffer_type_t buft, ggml_type type, int64_t n_per_row, int64_t n_rows);
 
-// The plan for a matmul by weight w as placed; ggml for weights that are not on the CPU.
-dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w);
+// The plan on a (Vulkan) device for weights of `type`, `n_rows` rows of `n_per_row` values, or
+// with `id` for ggml_mul_mat_id over such experts. Probed on the device once per (device, type, row
+// length, row class, id) and cached.
+dspark_mm_plan dspark_matmul_plan_device(ggml_backend_dev_t dev, ggml_type type, int64_t n_per_row, int64_t n_rows, bool id);
+
+// The plan for a matmul by weight w as placed (for ggml_mul_mat_id with `id`): the CPU's plans for
+// plain CPU buffers, the device probe's on a Vulkan device, ggml elsewhere.
+dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w, bool id = false);
+
+// w · x (x [K, N] F32) by a groups plan → [M, N] F32.
+ggml_tensor * dspark_matmul_groups(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, const dspark_mm_plan & plan);
+
+// ggml_mul_mat_id(as, b, ids) (b [K, B, T], ids [U, T]) by a groups plan → [M, U, T].
+ggml_tensor * dspark_matmul_id_groups(ggml_context * ctx, ggml_tensor * as, ggml_tensor * b, ggml_tensor * ids,
+                                      const dspark_mm_plan & plan);
 
 // w · x for w [K, M] in a plain CPU buffer and x [K, N] F32 (rows contiguous) by the plan's own
 // or rows route → [M, N] F32.
