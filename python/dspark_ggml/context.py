@@ -128,13 +128,7 @@ class Context(NativeHandle):
 
     def set_abort_callback(self, callback: Any | None) -> None:
         """Call ``callback()`` during computation; a true result stops it (AbortedError, KV unchanged)."""
-        ffi = _lib.ffi()
-        if callback is None:
-            self._abort_cb = None
-            _lib.lib().dspark_context_set_abort_callback(self.handle, ffi.NULL, ffi.NULL)
-            return
-        self._abort_cb = ffi.callback("bool(void *)", lambda _data: bool(callback()))
-        _lib.lib().dspark_context_set_abort_callback(self.handle, self._abort_cb, ffi.NULL)
+        self._set_abort_callback("dspark_context_set_abort_callback", callback)
 
     def set_capture_layers(self, layer_ids: Sequence[int]) -> None:
         """Capture the residual stream entering these layers for every token of later batches."""

@@ -176,13 +176,7 @@ class Engine(NativeHandle):
     def set_abort_callback(self, callback: Any | None) -> None:
         """Call ``callback()`` during add/step computations; a true result stops the call with
         AbortedError, leaving every sequence and both caches as before it (the engine stays usable)."""
-        ffi = _lib.ffi()
-        if callback is None:
-            self._abort_cb = None
-            _lib.lib().dspark_engine_set_abort_callback(self.handle, ffi.NULL, ffi.NULL)
-            return
-        self._abort_cb = ffi.callback("bool(void *)", lambda _data: bool(callback()))
-        _lib.lib().dspark_engine_set_abort_callback(self.handle, self._abort_cb, ffi.NULL)
+        self._set_abort_callback("dspark_engine_set_abort_callback", callback)
 
     def request_abort(self, requested: bool = True) -> None:
         """Ask the computations in progress (from any thread) to stop, as the abort callback does, or

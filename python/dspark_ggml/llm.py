@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Generator, Mapping, Sequence, TypeVar, Union
 
 from . import _lib
+from ._handle import Closing
 from .context import Context
 from .decode_loop import DecodeLoop, Request
 from .draft import DraftContext, DraftModel
@@ -31,7 +32,7 @@ Messages = Sequence[Mapping[str, Any]]
 _Closeable = TypeVar("_Closeable", Model, DraftModel, Context, DraftContext, Engine)
 
 
-class LLM:
+class LLM(Closing):
     """A target model, optionally with a DFlash/DSpark draft, ready to generate.
 
     At temperature 0 (the default) the output is the target's own greedy decoding, token for token,
@@ -162,15 +163,6 @@ class LLM:
         if resources is not None:
             resources.close()
         self._closed = True
-
-    def __enter__(self) -> LLM:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
 
     # ---- properties -----------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ import os
 from typing import Any, Sequence
 
 from . import _lib
-from ._handle import NativeHandle
+from ._handle import NativeHandle, int_property
 from .gguf_file import GGUFFile
 
 
@@ -71,38 +71,21 @@ class Model(NativeHandle):
         names = _lib.to_str(_lib.lib().dspark_model_devices(self.handle)) or ""
         return [n for n in names.split(",") if n]
 
-    @property
-    def n_vocab(self) -> int:
-        return int(_lib.lib().dspark_model_n_vocab(self.handle))
+    n_vocab = int_property("dspark_model_n_vocab")
 
-    @property
-    def n_embd(self) -> int:
-        return int(_lib.lib().dspark_model_n_embd(self.handle))
+    n_embd = int_property("dspark_model_n_embd")
 
-    @property
-    def n_layer(self) -> int:
-        return int(_lib.lib().dspark_model_n_layer(self.handle))
+    n_layer = int_property("dspark_model_n_layer")
 
-    @property
-    def n_head(self) -> int:
-        return int(_lib.lib().dspark_model_n_head(self.handle))
+    n_head = int_property("dspark_model_n_head")
 
-    @property
-    def n_head_kv(self) -> int:
-        return int(_lib.lib().dspark_model_n_head_kv(self.handle))
+    n_head_kv = int_property("dspark_model_n_head_kv")
 
-    @property
-    def n_ctx_train(self) -> int:
-        return int(_lib.lib().dspark_model_n_ctx_train(self.handle))
+    n_ctx_train = int_property("dspark_model_n_ctx_train")
 
-    @property
-    def n_params(self) -> int:
-        return int(_lib.lib().dspark_model_n_params(self.handle))
+    n_params = int_property("dspark_model_n_params")
 
-    @property
-    def size(self) -> int:
-        """Bytes of weights."""
-        return int(_lib.lib().dspark_model_size(self.handle))
+    size = int_property("dspark_model_size", "Bytes of weights.")
 
     @property
     def metadata(self) -> dict[str, Any]:
