@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Sequence
 
 import numpy as np
@@ -111,17 +112,9 @@ class Context(NativeHandle):
 
     # ---- settings ---------------------------------------------------------------------------------
 
-    @property
-    def n_ctx(self) -> int:
-        return self.params.n_ctx
-
-    @property
-    def n_batch(self) -> int:
-        return self.params.n_batch
-
-    @property
-    def n_seq_max(self) -> int:
-        return self.params.n_seq_max
+    n_ctx = property(attrgetter("params.n_ctx"))
+    n_batch = property(attrgetter("params.n_batch"))
+    n_seq_max = property(attrgetter("params.n_seq_max"))
 
     def set_threads(self, n_threads: int) -> None:
         _lib.check(_lib.lib().dspark_context_set_threads(self.handle, n_threads))

@@ -5,6 +5,7 @@ import numbers
 import os
 import weakref
 from contextlib import ExitStack
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Generator, Mapping, Sequence, TypeVar, Union
 
 from . import _lib
@@ -166,27 +167,13 @@ class LLM(Closing):
 
     # ---- properties -----------------------------------------------------------------------------
 
-    @property
-    def method(self) -> str:
-        """The speculative method running: "dflash", "dspark" or "none"."""
-        return self.speculative.method
-
-    @property
-    def n_ctx(self) -> int:
-        return self.context.n_ctx
-
-    @property
-    def n_seq_max(self) -> int:
-        return self.context.n_seq_max
-
-    @property
-    def n_vocab(self) -> int:
-        return self.model.n_vocab
-
-    @property
-    def n_draft(self) -> int:
-        """Draft tokens per step after clamping n_max to the draft (0 without drafting)."""
-        return self.engine.n_draft
+    method = property(attrgetter("speculative.method"),
+                      doc='The speculative method running: "dflash", "dspark" or "none".')
+    n_ctx = property(attrgetter("context.n_ctx"))
+    n_seq_max = property(attrgetter("context.n_seq_max"))
+    n_vocab = property(attrgetter("model.n_vocab"))
+    n_draft = property(attrgetter("engine.n_draft"),
+                       doc='Draft tokens per step after clamping n_max to the draft (0 without drafting).')
 
     # ---- text -----------------------------------------------------------------------------------
 

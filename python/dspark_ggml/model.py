@@ -72,19 +72,12 @@ class Model(NativeHandle):
         return [n for n in names.split(",") if n]
 
     n_vocab = int_property("dspark_model_n_vocab")
-
     n_embd = int_property("dspark_model_n_embd")
-
     n_layer = int_property("dspark_model_n_layer")
-
     n_head = int_property("dspark_model_n_head")
-
     n_head_kv = int_property("dspark_model_n_head_kv")
-
     n_ctx_train = int_property("dspark_model_n_ctx_train")
-
     n_params = int_property("dspark_model_n_params")
-
     size = int_property("dspark_model_size", "Bytes of weights.")
 
     @property
