@@ -73,15 +73,19 @@ def tensor_nbytes(dims: list[int], ttype: int) -> int:
     return math.prod(dims) // block * size
 
 
+def _string(buf: bytes, pos: int) -> tuple[bytes, int]:
+    """A GGUF string (u64 length, bytes) at ``pos``, and the position after it."""
+    n = struct.unpack_from("<Q", buf, pos)[0]
+    return buf[pos + 8:pos + 8 + n], pos + 8 + n
+
+
 def parse(buf: bytes) -> Gguf:
     magic, version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
     assert magic == b"GGUF"
     pos = 24
     kvs = []
     for _ in range(n_kv):
-        klen = struct.unpack_from("<Q", buf, pos)[0]
-        key = buf[pos + 8:pos + 8 + klen]
-        pos += 8 + klen
+        key, pos = _string(buf, pos)
         vtype = struct.unpack_from("<I", buf, pos)[0]
         pos += 4
         n = _value_size(buf, pos, vtype)
@@ -89,9 +93,7 @@ def parse(buf: bytes) -> Gguf:
         pos += n
     infos = []
     for _ in range(n_tensors):
-        nlen = struct.unpack_from("<Q", buf, pos)[0]
-        name = buf[pos + 8:pos + 8 + nlen]
-        pos += 8 + nlen
+        name, pos = _string(buf, pos)
         n_dims = struct.unpack_from("<I", buf, pos)[0]
         dims = list(struct.unpack_from(f"<{n_dims}Q", buf, pos + 4))
         pos += 4 + 8 * n_dims

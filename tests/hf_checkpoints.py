@@ -245,6 +245,14 @@ def _common_config(s: TinyShape, dtype: str) -> dict:
 # targets
 
 
+def _write_target(out: Path, cfg: dict, seed: int, dtype: str, shape: TinyShape, *, qk_norm: bool,
+                  qkv_bias: bool, tied: bool) -> Path:
+    """config.json and seeded weights of a Qwen/Llama-style target in ``out``."""
+    _write_json(out / "config.json", cfg)
+    _save(out, _target_tensors(_Weights(seed, dtype), shape, qk_norm=qk_norm, qkv_bias=qkv_bias, tied=tied))
+    return out
+
+
 def make_qwen3_target(out_dir: Path | str, *, seed: int = 0, dtype: str = "bfloat16",
                       shape: TinyShape = DEFAULT_SHAPE, tie_word_embeddings: bool = False) -> Path:
     """Qwen3ForCausalLM with transformers-5 style `rope_parameters`."""
@@ -258,10 +266,7 @@ def make_qwen3_target(out_dir: Path | str, *, seed: int = 0, dtype: str = "bfloa
            "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
            "sliding_window": None, "use_sliding_window": False,
            "tie_word_embeddings": tie_word_embeddings}
-    _write_json(out / "config.json", cfg)
-    w = _Weights(seed, dtype)
-    _save(out, _target_tensors(w, shape, qk_norm=True, qkv_bias=False, tied=tie_word_embeddings))
-    return out
+    return _write_target(out, cfg, seed, dtype, shape, qk_norm=True, qkv_bias=False, tied=tie_word_embeddings)
 
 
 def make_qwen2_target(out_dir: Path | str, *, seed: int = 1, dtype: str = "float32",
@@ -276,10 +281,7 @@ def make_qwen2_target(out_dir: Path | str, *, seed: int = 1, dtype: str = "float
            "rope_scaling": None, "sliding_window": 4096, "use_sliding_window": False,
            "tie_word_embeddings": tie_word_embeddings}
     del cfg["head_dim"]  # Qwen2 configs derive it from hidden_size / num_attention_heads
-    _write_json(out / "config.json", cfg)
-    w = _Weights(seed, dtype)
-    _save(out, _target_tensors(w, shape, qk_norm=False, qkv_bias=True, tied=tie_word_embeddings))
-    return out
+    return _write_target(out, cfg, seed, dtype, shape, qk_norm=False, qkv_bias=True, tied=tie_word_embeddings)
 
 
 def make_llama_target(out_dir: Path | str, *, seed: int = 2, dtype: str = "float16",
@@ -295,10 +297,7 @@ def make_llama_target(out_dir: Path | str, *, seed: int = 2, dtype: str = "float
            "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
            "bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": ids["<|eot_id|>"],
            "rope_theta": 500000.0, "rope_scaling": rope_scaling, "tie_word_embeddings": False}
-    _write_json(out / "config.json", cfg)
-    w = _Weights(seed, dtype)
-    _save(out, _target_tensors(w, shape, qk_norm=False, qkv_bias=False, tied=False))
-    return out
+    return _write_target(out, cfg, seed, dtype, shape, qk_norm=False, qkv_bias=False, tied=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -916,3 +915,10 @@ __all__ = [
     "make_qwen3moe_target", "make_gemma4_dspark", "make_gemma4_speculators_dspark",
     "write_gemma4_tokenizer",
 ]
+
+
+def make_base_checkpoints(root: Path) -> dict[str, Path]:
+    """The Qwen3, Qwen2 and Llama targets and a DeepSpec DSpark draft of the Qwen3 one, in root/<name>."""
+    qwen3 = make_qwen3_target(root / "qwen3")
+    return {"qwen3": qwen3, "qwen2": make_qwen2_target(root / "qwen2"),
+            "llama": make_llama_target(root / "llama"), "deepspec": make_deepspec_dspark(root / "deepspec", qwen3)}

@@ -12,6 +12,21 @@ from pathlib import Path
 import httpx
 
 HOST = "127.0.0.1"
+# flash attention in the servers under test (and the in-process references): DSPARK_TEST_SERVER_FA=on|off
+SERVER_FA = {"on": True, "off": False}.get(os.environ.get("DSPARK_TEST_SERVER_FA", ""), "auto")
+FA_ARGS = ["-fa", {True: "on", False: "off", "auto": "auto"}[SERVER_FA]]
+
+
+def read_metrics(http) -> dict[str, float]:
+    """GET /metrics (Prometheus text) as {name with labels: value}."""
+    r = http.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
 
 
 def free_port() -> int:

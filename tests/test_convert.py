@@ -97,12 +97,10 @@ def run_convert(src: Path, out: Path, **kw) -> Gguf:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
-    qwen3 = hf.make_qwen3_target(root / "qwen3")
+    base = hf.make_base_checkpoints(root)
+    qwen3 = base["qwen3"]
     return {
-        "qwen3": qwen3,
-        "qwen2": hf.make_qwen2_target(root / "qwen2"),
-        "llama": hf.make_llama_target(root / "llama"),
-        "deepspec": hf.make_deepspec_dspark(root / "deepspec", qwen3),
+        **base,
         "deepspec_gated": hf.make_deepspec_dspark(root / "deepspec_gated", qwen3, head_type="gated"),
         "deepspec_rnn": hf.make_deepspec_dspark(root / "deepspec_rnn", qwen3, head_type="rnn"),
         "spec_reduced": hf.make_speculators_dspark(root / "spec_reduced", qwen3,

@@ -93,12 +93,10 @@ CASES = [
 
 
 def _build_checkpoints(root: Path) -> dict[str, Path]:
-    qwen3 = hf.make_qwen3_target(root / "qwen3")
+    base = hf.make_base_checkpoints(root)
+    qwen3 = base["qwen3"]
     return {
-        "qwen3": qwen3,
-        "qwen2": hf.make_qwen2_target(root / "qwen2"),
-        "llama": hf.make_llama_target(root / "llama"),
-        "deepspec": hf.make_deepspec_dspark(root / "deepspec", qwen3),
+        **base,
         "deepspec_dflash": hf.make_deepspec_dspark(root / "deepspec_dflash", qwen3, head_type=None),
         "spec_reduced": hf.make_speculators_dspark(root / "spec_reduced", qwen3, draft_vocab_size=96),
         "spec_bonus": hf.make_speculators_dspark(root / "spec_bonus", qwen3, sample_from_anchor=False),

@@ -214,22 +214,8 @@ def test_missing_mask_token_and_bad_d2t(tmp_path, target):
     r = gguf.GGUFReader(src)
 
     def rewrite(dst, drop_key=None, d2t=None):
-        w = gguf.GGUFWriter(dst, "dflash")
-        for name, field in r.fields.items():
-            if name.startswith("GGUF.") or name in ("general.architecture", drop_key):
-                continue
-            vt = field.types[0]
-            if vt == gguf.GGUFValueType.ARRAY:
-                w.add_array(name, field.contents())
-            else:
-                w.add_key_value(name, field.contents(), vt)
-        for t in r.tensors:
-            data = np.array(t.data)
-            if t.name == "d2t" and d2t is not None:
-                data = np.asarray(d2t, dtype=np.int64)
-            w.add_tensor(t.name, data, raw_dtype=t.tensor_type)
-        w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
-        return dst
+        return rewrite_gguf(src, dst, drop_keys=(drop_key,) if drop_key else (),
+                            tensors={"d2t": np.asarray(d2t, dtype=np.int64)} if d2t is not None else None)
 
     t = Model(tpath)
     with pytest.raises(FileFormatError, match="mask_token_id"):

@@ -12,7 +12,7 @@ from dspark_ggml.errors import InvalidArgumentError
 from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams, sample_rows
 from dspark_ggml.speculative import SpeculativeConfig
-from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_id_target
 from tests.gguf_edit import rewrite_gguf
 
 V = 24  # a tiny vocabulary: random drafts get accepted now and then, and distributions are testable
@@ -22,9 +22,7 @@ PROMPTS = [[3, 17, 5, 9, 1], [8, 8, 2], [20, 4, 11, 6, 13, 2, 7]]
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("engine")
-    tcfg = TargetConfig(n_vocab=V, n_layer=3, with_tokenizer=False)
-    write_target(d / "t.gguf", tcfg, seed=5)
-    target = Model(d / "t.gguf")
+    tcfg, target = write_id_target(d, V, n_layer=3)
     drafts = {}
     for name, fields in {"dspark": dict(block_size=4), "dflash": dict(kind="dflash", block_size=5),
                          "dspark-1+N": dict(block_size=5, sample_from_anchor=False, markov_head_type="rnn"),

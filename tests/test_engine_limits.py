@@ -9,9 +9,8 @@ from dspark_ggml.context import Context
 from dspark_ggml.draft import DraftContext, DraftModel
 from dspark_ggml.engine import Engine
 from dspark_ggml.errors import AbortedError, ContextFullError
-from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams
-from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, write_draft, write_id_target
 
 V = 24
 
@@ -19,11 +18,9 @@ V = 24
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("limits")
-    tcfg = TargetConfig(n_vocab=V, n_layer=3, with_tokenizer=False)
-    write_target(d / "t.gguf", tcfg, seed=5)
+    tcfg, target = write_id_target(d, V, n_layer=3)
     write_draft(d / "d.gguf", DraftConfig(block_size=6), tcfg, seed=11)
     write_draft(d / "d8.gguf", DraftConfig(block_size=8), tcfg, seed=12)
-    target = Model(d / "t.gguf")
     return target, DraftModel(d / "d.gguf", target), DraftModel(d / "d8.gguf", target)
 
 

@@ -14,9 +14,8 @@ from dspark_ggml.context import Context
 from dspark_ggml.draft import DraftContext, DraftModel
 from dspark_ggml.engine import Engine
 from dspark_ggml.errors import DSparkError
-from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams, sample_rows
-from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, write_draft, write_id_target
 
 V, N_SEQ, N_CTX, N_BATCH = 24, 3, 64, 16
 PROMPT = [3, 17, 5, 9, 1]
@@ -33,10 +32,8 @@ class RawSampling(SamplingParams):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz_requests")
-    tcfg = TargetConfig(n_vocab=V, n_layer=2, with_tokenizer=False)
-    write_target(d / "t.gguf", tcfg, seed=5)
+    tcfg, target = write_id_target(d, V, n_layer=2)
     write_draft(d / "d.gguf", DraftConfig(block_size=4), tcfg, seed=6)
-    target = Model(d / "t.gguf")
     return target, DraftModel(d / "d.gguf", target)
 
 

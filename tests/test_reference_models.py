@@ -28,6 +28,7 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch + transformers not
 
 from tests.tiny_models import (  # noqa: E402
     MASK_TOKEN,
+    HF_TARGET_VARIANTS,
     DraftConfig,
     TargetConfig,
     read_gguf_weights,
@@ -47,15 +48,7 @@ TOL = 1e-4  # float32 HF vs float64 numpy, logits of std ~3
 from tests.reference.hf_target import hf_model as _hf_model  # noqa: E402
 
 
-TARGET_CASES = {
-    "qwen3": TargetConfig(arch="qwen3", n_embd=48),            # q width 64 != n_embd 48
-    "qwen3-yarn": TargetConfig(arch="qwen3", rope_scaling=("yarn", 4.0, 64), n_ctx_train=256),
-    "qwen3-tied": TargetConfig(arch="qwen3", tied_embeddings=True, n_head_kv=1),
-    "llama": TargetConfig(arch="llama", n_head_kv=4),
-    "llama-rope-freqs": TargetConfig(arch="llama", rope_freqs=True, n_ctx_train=512),
-    "qwen2": TargetConfig(arch="qwen2"),
-    "qwen2-linear": TargetConfig(arch="qwen2", rope_scaling=("linear", 2.0)),
-}
+TARGET_CASES = {name: TargetConfig(**fields) for name, fields in HF_TARGET_VARIANTS.items()}
 
 
 @needs_torch

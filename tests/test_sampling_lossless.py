@@ -21,9 +21,8 @@ from dspark_ggml.draft import DraftContext, DraftModel
 from dspark_ggml.engine import Engine
 from dspark_ggml.errors import InvalidArgumentError
 from dspark_ggml.llm import LLM
-from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams
-from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import DraftConfig, write_draft, write_id_target
 from tests.gguf_edit import rewrite_gguf
 
 V = 24
@@ -68,9 +67,7 @@ def _bigram(d, tcfg, after: np.ndarray, name: str, draft_vocab: int | None, seed
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     d = tmp_path_factory.mktemp("lossless")
-    tcfg = TargetConfig(n_vocab=V, n_layer=3, with_tokenizer=False)
-    write_target(d / "t.gguf", tcfg, seed=5)
-    target = Model(d / "t.gguf")
+    tcfg, target = write_id_target(d, V, n_layer=3)
     after = _after_prompt_logits(target)
     full, w2 = _bigram(d, tcfg, after, "bigram", None, 21)
     reduced, _ = _bigram(d, tcfg, after, "reduced", 16, 22)

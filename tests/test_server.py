@@ -4,7 +4,6 @@ queue, bad requests, the API key, the body limit, /metrics, and SIGTERM draining
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,22 +12,18 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
+_, _, openai, httpx = (pytest.importorskip(name) for name in ("fastapi", "uvicorn", "openai", "httpx"))
 
 from dspark_ggml import LLM  # noqa: E402
 from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
 
-from server_process import ServerProcess  # noqa: E402
+from server_process import FA_ARGS, SERVER_FA, ServerProcess, read_metrics  # noqa: E402
 
 KEY = "test-key-0123456789"
 MODEL = "target"
 MAX_BODY = 65536
-SERVER_FA = {"on": True, "off": False}.get(os.environ.get("DSPARK_TEST_SERVER_FA", ""), "auto")
 COMMON = ["-m", TARGET_PATH, "-md", DRAFT_PATH, "-t", "1",  # tiny models: more threads only add overhead on a shared machine
-          "-fa", {True: "on", False: "off", "auto": "auto"}[SERVER_FA]]
+          *FA_ARGS]
 PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n", "for i in range(10):\n", "def main():\n",
            "try:\n", "with open(path) as f:\n", "if __name__ == '__main__':\n"]
 QUESTIONS = ["Write a function that adds two numbers", "hi", "What does os.path.join do?"]
@@ -462,15 +457,6 @@ def test_sigterm_drains_and_exits_0(tmp_path, reference):
 
 # ---- helpers --------------------------------------------------------------------------------------
 
-def read_metrics(http) -> dict[str, float]:
-    r = http.get("/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    out = {}
-    for line in r.text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 def wait_metrics(http, ok, timeout: float = 20.0) -> dict[str, float]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import socket
 import time
@@ -17,23 +16,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("fastapi")
-pytest.importorskip("uvicorn")
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
+_, _, openai, httpx = (pytest.importorskip(name) for name in ("fastapi", "uvicorn", "openai", "httpx"))
 
 from dspark_ggml import LLM  # noqa: E402
 from dspark_ggml.context import Context  # noqa: E402
 from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
 
-from server_process import HOST, ServerProcess  # noqa: E402
+from server_process import FA_ARGS, HOST, SERVER_FA, ServerProcess, read_metrics  # noqa: E402
 
 KEY = "api-test-key-0123456789"
 ORIGIN = "http://allowed.example"
 EMBD_CTX = 64
-SERVER_FA = {"on": True, "off": False}.get(os.environ.get("DSPARK_TEST_SERVER_FA", ""), "auto")
 COMMON = ["-t", "1", "-np", "4", "--queue-size", "4", "--embeddings-ctx", str(EMBD_CTX),
-          "-fa", {True: "on", False: "off", "auto": "auto"}[SERVER_FA]]
+          *FA_ARGS]
 EOG_PROMPT = [314]  # a token whose greedy continuation on the demo target is <|im_end|> at once
 PROMPTS = ["def fibonacci(n):\n", "import os\n", "class Stack:\n"]
 FINGERPRINT = re.compile(r"dspark-ggml-\d+\.\d+\.\d+\S*-[0-9a-f]{12}")
@@ -113,15 +108,6 @@ def chunks_of(http, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     return [data for _, data in events[:-1]]
 
 
-def metrics(http) -> dict[str, float]:
-    r = http.get("/metrics")
-    assert r.status_code == 200
-    out = {}
-    for line in r.text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 def assert_still_serving(http, reference) -> None:
@@ -315,6 +301,14 @@ def test_embeddings(http, oai, reference, kind):
     assert_still_serving(http[kind], reference)  # the engine's context is not the embeddings'
 
 
+def assert_bad_request(client, reference, route, body, param):
+    """A 400 naming ``param``, with a message; the server then serves the next request."""
+    r = client.post(route, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["message"]
+    assert_still_serving(client, reference)
+
+
 @pytest.mark.parametrize("body, param", [
     ({}, "input"), ({"input": ""}, "input"), ({"input": []}, "input"), ({"input": [1.5]}, "input"),
     ({"input": [[1, 2], 3]}, "input"), ({"input": [99999]}, "input"), ({"input": "x " * 200}, "input"),
@@ -322,10 +316,7 @@ def test_embeddings(http, oai, reference, kind):
     ({"input": "x", "dimensions": 3}, "dimensions"),
 ])
 def test_bad_embeddings_are_400(http, reference, body, param):
-    r = http["draft"].post("/v1/embeddings", json=body)
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param and r.json()["error"]["message"]
-    assert_still_serving(http["draft"], reference)
+    assert_bad_request(http["draft"], reference, "/v1/embeddings", body, param)
 
 
 # ---- /v1/responses ----------------------------------------------------------------------------------
@@ -393,10 +384,7 @@ def test_responses_stream(http, oai, reference, kind):
     ({"input": "x", "instructions": 5}, "instructions"),
 ])
 def test_bad_responses_are_400(http, reference, body, param):
-    r = http["draft"].post("/v1/responses", json=body)
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == param and r.json()["error"]["message"]
-    assert_still_serving(http["draft"], reference)
+    assert_bad_request(http["draft"], reference, "/v1/responses", body, param)
 
 
 # ---- bad inputs: 4xx, and the next request is served ---------------------------------------------
@@ -427,7 +415,7 @@ BAD_BODIES = [
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_bad_inputs_are_4xx_then_served(http, reference, kind):
-    before = metrics(http[kind])
+    before = read_metrics(http[kind])
     for path, raw in BAD_BODIES:
         r = http[kind].post(path, content=raw, headers={"content-type": "application/json"})
         assert r.status_code == 400, (path, raw[:80], r.status_code, r.text[:300])
@@ -435,7 +423,7 @@ def test_bad_inputs_are_4xx_then_served(http, reference, kind):
         assert err["type"] == "invalid_request_error" and err["message"], err
     assert "surrogate" in http[kind].post("/tokenize", content=BAD_BODIES[5][1]).json()["error"]["message"]
     assert_still_serving(http[kind], reference)
-    after = metrics(http[kind])
+    after = read_metrics(http[kind])
     n_400 = 'dspark_responses_total{status="400"}'
     assert after[n_400] - before.get(n_400, 0) >= len(BAD_BODIES)
     assert not any('status="5' in name for name in after)
@@ -443,17 +431,17 @@ def test_bad_inputs_are_4xx_then_served(http, reference, kind):
 
 def test_client_gone_mid_upload_is_not_an_error(servers, http, reference):
     srv = servers["draft"]
-    before = metrics(http["draft"]).get('dspark_responses_total{status="499"}', 0)
+    before = read_metrics(http["draft"]).get('dspark_responses_total{status="499"}', 0)
     with socket.create_connection((HOST, srv.port)) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100000\r\n\r\n"
                   b'{"prompt": "' + b"a" * 5000)
         time.sleep(0.3)  # the server is reading the body when the client leaves
     deadline = time.monotonic() + 10
-    while metrics(http["draft"]).get('dspark_responses_total{status="499"}', 0) == before:
+    while read_metrics(http["draft"]).get('dspark_responses_total{status="499"}', 0) == before:
         assert time.monotonic() < deadline, "the disconnect was not noticed"
         time.sleep(0.05)
-    m = metrics(http["draft"])
+    m = read_metrics(http["draft"])
     assert not any('status="5' in name for name in m)
     assert "Traceback" not in srv.log() and "internal error" not in srv.log()
     assert_still_serving(http["draft"], reference)

@@ -26,6 +26,7 @@ from dspark_ggml.errors import DSparkError  # noqa: E402
 from dspark_ggml.model import Model  # noqa: E402
 from tests.gguf_edit import rewrite_gguf  # noqa: E402
 from tests.repack_check import assert_repacking_computes_the_same  # noqa: E402
+from tests.tiny_models import greedy_decode  # noqa: E402
 
 torch.set_grad_enabled(False)
 
@@ -91,12 +92,7 @@ def test_greedy_generation_matches_transformers(models, case):
         expected.append(int(_hf_logits(m, seq)[-1].argmax()))
         seq.append(expected[-1])
     ctx = Context(model, n_ctx=128, type_kv="f32")
-    ctx.decode(prompt)
-    got = []
-    for _ in range(40):
-        got.append(int(np.argmax(ctx.get_logits()[-1])))
-        ctx.decode([got[-1]])
-    assert got == expected
+    assert greedy_decode(ctx, prompt, 40) == expected
 
 
 @pytest.mark.parametrize("case", CASES)

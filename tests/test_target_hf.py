@@ -10,18 +10,11 @@ pytest.importorskip("transformers")
 from dspark_ggml.context import Context  # noqa: E402
 from dspark_ggml.model import Model  # noqa: E402
 from tests.reference.hf_target import hf_model  # noqa: E402
+from tests.tiny_models import HF_TARGET_VARIANTS, greedy_decode  # noqa: E402
 
 torch.set_grad_enabled(False)
 
-CASES = {
-    "qwen3": dict(arch="qwen3", n_embd=48),
-    "qwen3-yarn": dict(arch="qwen3", rope_scaling=("yarn", 4.0, 64), n_ctx_train=256),
-    "qwen3-tied": dict(arch="qwen3", tied_embeddings=True, n_head_kv=1),
-    "llama": dict(arch="llama", n_head_kv=4),
-    "llama-rope-freqs": dict(arch="llama", rope_freqs=True, n_ctx_train=512),
-    "qwen2": dict(arch="qwen2"),
-    "qwen2-linear": dict(arch="qwen2", rope_scaling=("linear", 2.0)),
-}
+CASES = HF_TARGET_VARIANTS
 PROMPT = [3, 17, 42, 99, 5, 260, 7, 1, 64, 128, 31, 200, 8]
 
 
@@ -42,9 +35,4 @@ def test_greedy_generation_matches_transformers(make_target, arch):
     hf = hf_model(w, cfg)
     expected = hf.generate(torch.tensor([PROMPT]), max_new_tokens=64, do_sample=False,
                            min_new_tokens=64)[0, len(PROMPT):].tolist()
-    ctx.decode(PROMPT)
-    got = []
-    for _ in range(64):
-        got.append(int(np.argmax(ctx.get_logits()[-1])))
-        ctx.decode([got[-1]])
-    assert got == expected
+    assert greedy_decode(ctx, PROMPT, 64) == expected

@@ -32,7 +32,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import gguf
 import numpy as np
@@ -665,6 +665,39 @@ def write_target(path: Union[str, Path], cfg: TargetConfig, seed: int = 0,
     cfg.validate()
     return _write(path, cfg.arch, _target_kv(cfg), _target_tensors(cfg), cfg.dtype, seed,
                   return_weights)
+
+
+def write_id_target(folder: Path, n_vocab: int, n_layer: int, seed: int = 5) -> Tuple[TargetConfig, Any]:
+    """A target without a tokenizer (for tests on token ids) at folder/t.gguf: its config and the
+    loaded :class:`dspark_ggml.model.Model`."""
+    from dspark_ggml.model import Model
+
+    cfg = TargetConfig(n_vocab=n_vocab, n_layer=n_layer, with_tokenizer=False)
+    write_target(folder / "t.gguf", cfg, seed=seed)
+    return cfg, Model(folder / "t.gguf")
+
+
+# Target variants checked against transformers (TargetConfig fields): each architecture, rope
+# scalings, tied embeddings, grouped and plain attention.
+HF_TARGET_VARIANTS: Dict[str, Dict[str, Any]] = {
+    "qwen3": dict(arch="qwen3", n_embd=48),  # q width 64 != n_embd 48
+    "qwen3-yarn": dict(arch="qwen3", rope_scaling=("yarn", 4.0, 64), n_ctx_train=256),
+    "qwen3-tied": dict(arch="qwen3", tied_embeddings=True, n_head_kv=1),
+    "llama": dict(arch="llama", n_head_kv=4),
+    "llama-rope-freqs": dict(arch="llama", rope_freqs=True, n_ctx_train=512),
+    "qwen2": dict(arch="qwen2"),
+    "qwen2-linear": dict(arch="qwen2", rope_scaling=("linear", 2.0)),
+}
+
+
+def greedy_decode(ctx: Any, prompt: List[int], n: int) -> List[int]:
+    """``n`` tokens after ``prompt``, each the argmax of the last logits, decoded one by one."""
+    ctx.decode(prompt)
+    got: List[int] = []
+    for _ in range(n):
+        got.append(int(np.argmax(ctx.get_logits()[-1])))
+        ctx.decode([got[-1]])
+    return got
 
 
 def write_draft(path: Union[str, Path], cfg: DraftConfig, target_cfg: TargetConfig, seed: int = 0,

@@ -196,30 +196,25 @@ def byte_level_gguf_fields(tok: Tokenizer) -> dict[str, Any]:
     return {"tokens": tokens, "types": types, "merges": merges}
 
 
+def _add_given(fields: dict[str, Any], writers: dict[str, Any]) -> None:
+    """Write each field that is given (not None), in the order of ``writers``."""
+    for name, write in writers.items():
+        if fields.get(name) is not None:
+            write(fields[name])
+
+
 def write_gguf(path: Path, arch: str, fields: dict[str, Any]) -> Path:
     """Write a tensor-less GGUF holding `fields` (keys as in gguf.Keys.Tokenizer, short names)."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_tokenizer_model(fields["model"])
-    if fields.get("pre") is not None:
-        w.add_tokenizer_pre(fields["pre"])
+    _add_given(fields, {"pre": w.add_tokenizer_pre})
     w.add_token_list(fields["tokens"])
-    if fields.get("types") is not None:
-        w.add_token_types(fields["types"])
-    if fields.get("scores") is not None:
-        w.add_token_scores(fields["scores"])
-    if fields.get("merges") is not None:
-        w.add_token_merges(fields["merges"])
-    for role in ("bos", "eos", "eot", "unk", "pad", "mask"):
-        if fields.get(f"{role}_id") is not None:
-            getattr(w, f"add_{role}_token_id")(fields[f"{role}_id"])
-    if fields.get("add_bos") is not None:
-        w.add_add_bos_token(fields["add_bos"])
-    if fields.get("add_eos") is not None:
-        w.add_add_eos_token(fields["add_eos"])
-    if fields.get("add_space_prefix") is not None:
-        w.add_add_space_prefix(fields["add_space_prefix"])
-    if fields.get("chat_template") is not None:
-        w.add_chat_template(fields["chat_template"])
+    _add_given(fields, {"types": w.add_token_types, "scores": w.add_token_scores,
+                        "merges": w.add_token_merges,
+                        **{f"{role}_id": getattr(w, f"add_{role}_token_id")
+                           for role in ("bos", "eos", "eot", "unk", "pad", "mask")},
+                        "add_bos": w.add_add_bos_token, "add_eos": w.add_add_eos_token,
+                        "add_space_prefix": w.add_add_space_prefix, "chat_template": w.add_chat_template})
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -480,6 +480,9 @@ struct dspark_spec_params {
 };
 
 DSPARK_API struct dspark_spec_params dspark_spec_default_params(void);
+/* OK, or INVALID_ARGUMENT naming the first bad setting (the rules dspark_engine_init applies before it
+ * looks at the models: ranges and enum values). */
+DSPARK_API int32_t dspark_spec_check(const struct dspark_spec_params * params);
 /* Draft tokens per verify step the engine takes for this draft and n_max (0 = the most its block
  * layout allows; larger values are clamped), before any context limit: a verify block is this + 1. */
 DSPARK_API int32_t dspark_spec_n_draft(const struct dspark_model * draft, int32_t n_max);

@@ -30,15 +30,16 @@ int32_t dspark_engine::status(int32_t seq_id) const {
 
 // ---- setup --------------------------------------------------------------------------------------
 
-dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & p)
-    : tgt(target), dft(draft), params(p) {
-    abort.link(&tgt.compute);
-    if (dft) {
-        abort.link(&dft->compute);
+void dspark_spec_params_check(const dspark_spec_params & params) {
+    const std::pair<const char *, int32_t> counts[] = {
+        {"n_max", params.n_max}, {"n_min", params.n_min}, {"markov_top_k", params.markov_top_k}};
+    for (const auto & [name, value] : counts) {
+        if (value < 0) {
+            dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "%s must be >= 0, got %d", name, value);
+        }
     }
-    total = dspark_spec_stats();
-    if (params.n_min < 0 || params.n_max < 0 || params.markov_top_k < 0 || !(params.p_min >= 0.0f && params.p_min <= 1.0f)) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "n_max, n_min and markov_top_k must be >= 0 and p_min in [0, 1]");
+    if (!(params.p_min >= 0.0f && params.p_min <= 1.0f)) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "p_min must be in [0, 1], got %g", (double) params.p_min);
     }
     if (params.draft_mode != DSPARK_DRAFT_GREEDY_CHAIN && params.draft_mode != DSPARK_DRAFT_PROBABILISTIC) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown draft mode %d", params.draft_mode);
@@ -50,6 +51,16 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
     if (params.schedule < DSPARK_SCHEDULE_STATIC || params.schedule > DSPARK_SCHEDULE_ADAPTIVE) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown verify schedule %d", params.schedule);
     }
+}
+
+dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & p)
+    : tgt(target), dft(draft), params(p) {
+    abort.link(&tgt.compute);
+    if (dft) {
+        abort.link(&dft->compute);
+    }
+    total = dspark_spec_stats();
+    dspark_spec_params_check(params);
     if (!dft) {
         tgt.set_capture({});
         return;

@@ -27,6 +27,8 @@ using clock_t_point = std::chrono::steady_clock::time_point;
 
 // Draft tokens per step for n_max (0 = the most the draft's block layout allows; larger is clamped).
 int32_t dspark_clamp_n_draft(const dflash_hparams & draft, int32_t n_max);
+// Throws INVALID_ARGUMENT for settings no engine accepts (the rules that need no model).
+void dspark_spec_params_check(const dspark_spec_params & params);
 
 struct dspark_engine {
     dspark_context &       tgt;

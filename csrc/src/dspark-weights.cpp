@@ -142,17 +142,21 @@ void dspark_weights::load_repacked(ggml_backend_buffer_type_t buft, const std::v
     if (!buf) {
         file->fail(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory to repack the weights");
     }
+    fill_buffer(buf, tensors, " for repacking");
+    n_repacked = tensors.size();
+}
+
+void dspark_weights::fill_buffer(ggml_backend_buffer_t buf, const std::vector<ggml_tensor *> & tensors, const char * purpose) {
     buffers.push_back(buf);
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_tallocr talloc = ggml_tallocr_new(buf);
     for (ggml_tensor * t : tensors) {
         if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
-            file->fail(DSPARK_STATUS_INTERNAL, std::string("could not place tensor '") + ggml_get_name(t) + "' for repacking");
+            file->fail(DSPARK_STATUS_INTERNAL, std::string("could not place tensor '") + ggml_get_name(t) + "'" + purpose);
         }
         const int64_t i = gguf_find_tensor(file->gguf, ggml_get_name(t));
         ggml_backend_tensor_set(t, (const char *) map->addr + file->tensor_file_offset(i), 0, ggml_nbytes(t));
     }
-    n_repacked = tensors.size();
 }
 
 // Computing from the mapping needs the data section at an address the device's buffers allow
@@ -292,16 +296,7 @@ bool dspark_weights::load_on(ggml_backend_dev_t device, const std::vector<ggml_t
         file->fail(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory for the weights (" + std::to_string(bytes >> 20) +
                                                     " MiB) on device " + ggml_backend_dev_name(device));
     }
-    buffers.push_back(buf);
-    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    ggml_tallocr talloc = ggml_tallocr_new(buf);
-    for (ggml_tensor * t : rest) {
-        if (ggml_tallocr_alloc(&talloc, t) != GGML_STATUS_SUCCESS) {
-            file->fail(DSPARK_STATUS_INTERNAL, std::string("could not place tensor '") + ggml_get_name(t) + "'");
-        }
-        const int64_t i = gguf_find_tensor(file->gguf, ggml_get_name(t));
-        ggml_backend_tensor_set(t, (const char *) map->addr + file->tensor_file_offset(i), 0, ggml_nbytes(t));
-    }
+    fill_buffer(buf, rest, "");
     return false;
 }
 

@@ -72,4 +72,6 @@ struct dspark_weights {
     bool load_on(ggml_backend_dev_t device, const std::vector<ggml_tensor *> & tensors, bool use_mmap, bool repack,
                  const std::set<std::string> & gathered);
     void load_repacked(ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & tensors);
+    // Keep buf (a weights buffer) and copy the tensors' file data into it, placed one after another.
+    void fill_buffer(ggml_backend_buffer_t buf, const std::vector<ggml_tensor *> & tensors, const char * purpose);
 };

@@ -448,17 +448,28 @@ struct dspark_context_params dspark_context_default_params(void) {
     return p;
 }
 
-struct dspark_context * dspark_context_init(struct dspark_model * model, const struct dspark_context_params * params) {
+// A target or draft context (T) over a model, with the default parameters when params is NULL.
+template <typename T>
+static T * new_context(const char * fn, const char * arg, dspark_model * model, const dspark_context_params * params) {
     if (!model) {
-        dspark_set_last_error("dspark_context_init: model is NULL");
+        dspark_set_last_error(std::string(fn) + ": " + arg + " is NULL");
         return nullptr;
     }
     const dspark_context_params p = params ? *params : dspark_context_default_params();
-    return guard_ptr<dspark_context>([&]() { return new dspark_context(*model, p); });
+    return guard_ptr<T>([&]() { return new T(*model, p); });
+}
+
+template <typename T>
+static void free_context(T * ctx) {
+    guarded_free(ctx, ctx ? ctx->compute.devices : std::vector<ggml_backend_dev_t>());
+}
+
+struct dspark_context * dspark_context_init(struct dspark_model * model, const struct dspark_context_params * params) {
+    return new_context<dspark_context>("dspark_context_init", "model", model, params);
 }
 
 void dspark_context_free(struct dspark_context * ctx) {
-    guarded_free(ctx, ctx ? ctx->compute.devices : std::vector<ggml_backend_dev_t>());
+    free_context(ctx);
 }
 
 void dspark_context_get_params(const struct dspark_context * ctx, struct dspark_context_params * out) {
@@ -637,16 +648,11 @@ int32_t dspark_draft_get_info(const struct dspark_model * m, struct dspark_draft
 }
 
 struct dspark_draft_context * dspark_draft_context_init(struct dspark_model * draft, const struct dspark_context_params * params) {
-    if (!draft) {
-        dspark_set_last_error("dspark_draft_context_init: draft is NULL");
-        return nullptr;
-    }
-    const dspark_context_params p = params ? *params : dspark_context_default_params();
-    return guard_ptr<dspark_draft_context>([&]() { return new dspark_draft_context(*draft, p); });
+    return new_context<dspark_draft_context>("dspark_draft_context_init", "draft", draft, params);
 }
 
 void dspark_draft_context_free(struct dspark_draft_context * dctx) {
-    guarded_free(dctx, dctx ? dctx->compute.devices : std::vector<ggml_backend_dev_t>());
+    free_context(dctx);
 }
 
 struct dspark_kv * dspark_draft_get_kv(struct dspark_draft_context * dctx) {
@@ -845,6 +851,17 @@ struct dspark_spec_params dspark_spec_default_params(void) {
     p.markov_top_k = 0;
     p.backend_sampling = DSPARK_BACKEND_SAMPLING_AUTO;
     return p;
+}
+
+int32_t dspark_spec_check(const struct dspark_spec_params * params) {
+    if (!params) {
+        dspark_set_last_error("dspark_spec_check: params is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard([&]() {
+        dspark_spec_params_check(*params);
+        return DSPARK_STATUS_OK;
+    });
 }
 
 struct dspark_engine * dspark_engine_init(struct dspark_context * target, struct dspark_draft_context * draft,

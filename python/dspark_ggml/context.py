@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Sequence
 
 import numpy as np
@@ -111,30 +112,16 @@ class Context(NativeHandle):
 
     # ---- settings ---------------------------------------------------------------------------------
 
-    @property
-    def n_ctx(self) -> int:
-        return self.params.n_ctx
-
-    @property
-    def n_batch(self) -> int:
-        return self.params.n_batch
-
-    @property
-    def n_seq_max(self) -> int:
-        return self.params.n_seq_max
+    n_ctx = property(attrgetter("params.n_ctx"))
+    n_batch = property(attrgetter("params.n_batch"))
+    n_seq_max = property(attrgetter("params.n_seq_max"))
 
     def set_threads(self, n_threads: int) -> None:
         _lib.check(_lib.lib().dspark_context_set_threads(self.handle, n_threads))
 
     def set_abort_callback(self, callback: Any | None) -> None:
         """Call ``callback()`` during computation; a true result stops it (AbortedError, KV unchanged)."""
-        ffi = _lib.ffi()
-        if callback is None:
-            self._abort_cb = None
-            _lib.lib().dspark_context_set_abort_callback(self.handle, ffi.NULL, ffi.NULL)
-            return
-        self._abort_cb = ffi.callback("bool(void *)", lambda _data: bool(callback()))
-        _lib.lib().dspark_context_set_abort_callback(self.handle, self._abort_cb, ffi.NULL)
+        self._set_abort_callback("dspark_context_set_abort_callback", callback)
 
     def set_capture_layers(self, layer_ids: Sequence[int]) -> None:
         """Capture the residual stream entering these layers for every token of later batches."""

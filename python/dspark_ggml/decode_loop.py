@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from .engine import Engine
 from .errors import AbortedError, ContextFullError
@@ -33,7 +33,7 @@ class Request:
     index: int = 0
 
 
-class _LiveSequence:
+class LiveSequence:
     """A request while it occupies an engine sequence: its text state and clocks."""
 
     def __init__(self, request: Request, seq_id: int, tokenizer: Tokenizer | None) -> None:
@@ -67,6 +67,25 @@ class _LiveSequence:
         return GenerationChunk("".join(texts), list(tokens[:n_kept]), list(from_draft[:n_kept]),
                                self.request.index, finish)
 
+    @classmethod
+    def start(cls, engine: Engine, request: Request, seq_id: int,
+              tokenizer: Tokenizer | None) -> tuple[LiveSequence, list[int]]:
+        """Prefill ``request`` in engine sequence ``seq_id``: the live sequence and its first tokens.
+
+        Raises:
+            ContextFullError: the KV cells (shared by all sequences) have no room for the prompt
+                now; nothing changed.
+        """
+        seq = cls(request, seq_id, tokenizer)
+        tokens = engine.add(seq_id, request.prompt, request.sampling, [[t] for t in request.stop_token_ids])
+        return seq, tokens
+
+    def close(self, engine: Engine) -> GenerationStats:
+        """The sequence's statistics; then the engine forgets it (its KV cells are freed)."""
+        stats = self.stats(engine)
+        engine.remove(self.seq_id)
+        return stats
+
     def last_chunk(self, reason: str) -> GenerationChunk:
         """The last chunk of a sequence ended from outside (abort, full cache): the held-back text."""
         return GenerationChunk(self._final_text(), [], [], self.request.index, reason)
@@ -84,6 +103,12 @@ class _LiveSequence:
         """Bytes the detokenizer held back, then text held back for a possible stop string."""
         tail = self.detokenizer.flush() if self.detokenizer is not None else ""
         return self.stops.feed(tail) + self.stops.flush()
+
+
+def context_full_victim(seqs: Iterable[LiveSequence]) -> LiveSequence:
+    """The sequence to end when a step finds the KV cells full: they are shared by the sequences,
+    so the longest one (prompt and generated tokens) ends with "context_full" and the others go on."""
+    return max(seqs, key=lambda s: len(s.request.prompt) + s.n_tokens)
 
 
 class DecodeLoop:
@@ -106,7 +131,7 @@ class DecodeLoop:
         self.tokenizer = tokenizer
         self.interrupt = interrupt
         self.per_step = per_step
-        self.live: dict[int, _LiveSequence] = {}
+        self.live: dict[int, LiveSequence] = {}
 
     def run(self, requests: Sequence[Request]) -> Iterator[GenerationChunk]:
         """Yield chunks until every request has finished (each request's last chunk has a
@@ -133,12 +158,10 @@ class DecodeLoop:
 
     def _fill_slots(self, waiting: deque[Request]) -> Iterator[GenerationChunk]:
         while waiting and len(self.live) < self.n_slots:
-            request = waiting[0]
-            seq = _LiveSequence(request, self._free_slot(), self.tokenizer)
             try:
                 with self.interrupt.catching_sigint():
-                    tokens = self.engine.add(seq.seq_id, request.prompt, request.sampling,
-                                             [[t] for t in request.stop_token_ids])
+                    seq, tokens = LiveSequence.start(self.engine, waiting[0], self._free_slot(),
+                                                     self.tokenizer)
             except ContextFullError:
                 if not self.live:
                     raise
@@ -167,9 +190,8 @@ class DecodeLoop:
         if isinstance(failure, AbortedError):
             raise failure
         if failure is not None and self.live:
-            # the cells are shared by the sequences: end the longest one, the others go on
-            longest = max(self.live.values(), key=lambda s: len(s.request.prompt) + s.n_tokens)
-            yield self._finish(longest, longest.last_chunk("context_full"))
+            victim = context_full_victim(self.live.values())
+            yield self._finish(victim, victim.last_chunk("context_full"))
 
     def _abort_all(self, waiting: deque[Request]) -> Iterator[GenerationChunk]:
         if self.interrupt.by_signal:
@@ -181,15 +203,14 @@ class DecodeLoop:
 
     # ---- helpers --------------------------------------------------------------------------------
 
-    def _chunk(self, seq: _LiveSequence, tokens: Sequence[int],
+    def _chunk(self, seq: LiveSequence, tokens: Sequence[int],
                from_draft: Sequence[bool]) -> GenerationChunk:
         chunk = seq.accept(tokens, from_draft, self.engine.status(seq.seq_id))
         return self._finish(seq, chunk) if chunk.finish_reason else chunk
 
-    def _finish(self, seq: _LiveSequence, chunk: GenerationChunk) -> GenerationChunk:
+    def _finish(self, seq: LiveSequence, chunk: GenerationChunk) -> GenerationChunk:
         """Attach the statistics to a sequence's last chunk and free its slot."""
-        chunk.stats = seq.stats(self.engine)
-        self.engine.remove(seq.seq_id)
+        chunk.stats = seq.close(self.engine)
         del self.live[seq.seq_id]
         return chunk
 

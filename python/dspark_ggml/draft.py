@@ -127,13 +127,7 @@ class DraftContext(NativeHandle):
     def set_abort_callback(self, callback: Any | None) -> None:
         """Call ``callback()`` during :meth:`inject` and :meth:`propose`; a true result stops them
         (AbortedError, the draft cache unchanged). None removes it."""
-        ffi = _lib.ffi()
-        if callback is None:
-            self._abort_cb = None
-            _lib.lib().dspark_draft_set_abort_callback(self.handle, ffi.NULL, ffi.NULL)
-            return
-        self._abort_cb = ffi.callback("bool(void *)", lambda _data: bool(callback()))
-        _lib.lib().dspark_draft_set_abort_callback(self.handle, self._abort_cb, ffi.NULL)
+        self._set_abort_callback("dspark_draft_set_abort_callback", callback)
 
     def inject(self, features: np.ndarray, positions: Sequence[int] | np.ndarray, seq_ids: Sequence[int] | np.ndarray | int = 0) -> None:
         """Store target features [n_rows, n_target_layers * n_embd] as context cells."""

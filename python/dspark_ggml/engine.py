@@ -95,16 +95,9 @@ class Engine(NativeHandle):
     def __init__(self, target: Context, draft: DraftContext | None = None, *, n_max: int = 0, n_min: int = 0,
                  p_min: float = 0.0, draft_mode: str = "greedy", schedule: str = "static",
                  backend_sampling: bool | str = "auto", eog: Sequence[int] = (), markov_top_k: int = 0) -> None:
-        if draft_mode not in draft_modes():
-            raise InvalidArgumentError(f"draft_mode must be one of {sorted(draft_modes())}, got {draft_mode!r}")
-        if schedule not in schedules():
-            raise InvalidArgumentError(f"schedule must be one of {sorted(schedules())}, got {schedule!r}")
         lib, ffi = _lib.lib(), _lib.ffi()
-        p = ffi.new("struct dspark_spec_params *", lib.dspark_spec_default_params())
-        p.n_max, p.n_min, p.p_min = n_max, n_min, p_min
-        p.draft_mode, p.schedule = draft_modes()[draft_mode], schedules()[schedule]
-        p.backend_sampling = backend_sampling_value(backend_sampling)
-        p.markov_top_k = markov_top_k
+        p = spec_params(n_max=n_max, n_min=n_min, p_min=p_min, draft_mode=draft_mode, schedule=schedule,
+                        backend_sampling=backend_sampling, markov_top_k=markov_top_k)
         self.target, self.draft = target, draft
         self._handle: Any = _lib.check_ptr(lib.dspark_engine_init(target.handle, draft.handle if draft else ffi.NULL, p))
         self._abort_cb: Any = None
@@ -123,7 +116,6 @@ class Engine(NativeHandle):
             stop_sequences: Sequence[Sequence[int]] = ()) -> list[int]:
         """Start a sequence: prefill the prompt and return its first token(s)."""
         sp = sampling or SamplingParams()
-        sp.validate()
         lib, ffi = _lib.lib(), _lib.ffi()
         prompt_a = np.ascontiguousarray(prompt, dtype=np.int32).reshape(-1)
         stops = [list(s) for s in stop_sequences]
@@ -132,9 +124,9 @@ class Engine(NativeHandle):
         r = ffi.new("struct dspark_request *")
         r.prompt = ffi.from_buffer("int32_t[]", prompt_a)
         r.n_prompt = len(prompt_a)
-        r.max_tokens = sp.max_tokens or 0
-        c_sp = sp.to_c()
+        c_sp = sp.to_c()  # checked by dspark_engine_add
         r.sampling = c_sp
+        r.max_tokens = sp.max_tokens or 0
         r.stop_tokens = ffi.from_buffer("int32_t[]", flat) if len(flat) else ffi.NULL
         r.stop_lens = ffi.from_buffer("int32_t[]", lens) if len(lens) else ffi.NULL
         r.n_stop = len(stops)
@@ -176,13 +168,7 @@ class Engine(NativeHandle):
     def set_abort_callback(self, callback: Any | None) -> None:
         """Call ``callback()`` during add/step computations; a true result stops the call with
         AbortedError, leaving every sequence and both caches as before it (the engine stays usable)."""
-        ffi = _lib.ffi()
-        if callback is None:
-            self._abort_cb = None
-            _lib.lib().dspark_engine_set_abort_callback(self.handle, ffi.NULL, ffi.NULL)
-            return
-        self._abort_cb = ffi.callback("bool(void *)", lambda _data: bool(callback()))
-        _lib.lib().dspark_engine_set_abort_callback(self.handle, self._abort_cb, ffi.NULL)
+        self._set_abort_callback("dspark_engine_set_abort_callback", callback)
 
     def request_abort(self, requested: bool = True) -> None:
         """Ask the computations in progress (from any thread) to stop, as the abort callback does, or
@@ -201,6 +187,25 @@ class Engine(NativeHandle):
             self.run(1 << 30)
             out += self.new_tokens(seq_id)[0]
         return out
+
+
+def spec_params(*, n_max: int = 0, n_min: int = 0, p_min: float = 0.0, draft_mode: str = "greedy",
+                schedule: str = "static", backend_sampling: bool | str = "auto",
+                markov_top_k: int = 0) -> Any:
+    """The C struct dspark_spec_params of these settings, the names given as the header's values.
+    An unknown name raises here; the values' ranges are the core's to check (dspark_spec_check,
+    which dspark_engine_init applies too)."""
+    if draft_mode not in draft_modes():
+        raise InvalidArgumentError(f"draft_mode must be one of {', '.join(sorted(draft_modes()))}, "
+                                   f"got {draft_mode!r}")
+    if schedule not in schedules():
+        raise InvalidArgumentError(f"schedule must be one of {', '.join(sorted(schedules()))}, "
+                                   f"got {schedule!r}")
+    p = _lib.ffi().new("struct dspark_spec_params *", _lib.lib().dspark_spec_default_params())
+    p.n_max, p.n_min, p.p_min, p.markov_top_k = n_max, n_min, p_min, markov_top_k
+    p.draft_mode, p.schedule = draft_modes()[draft_mode], schedules()[schedule]
+    p.backend_sampling = backend_sampling_value(backend_sampling)
+    return p
 
 
 def backend_sampling_value(setting: bool | str) -> int:

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import _lib
-from ._handle import NativeHandle
+from ._handle import NativeHandle, int_property
 
 # enum dspark_gguf_type -> numpy dtype of array elements
 _NUMPY_TYPES = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
@@ -62,13 +62,8 @@ class GGUFFile(NativeHandle):
     def __enter__(self) -> "GGUFFile":
         return self
 
-    @property
-    def file_size(self) -> int:
-        return int(_lib.lib().dspark_gguf_file_size(self.handle))
-
-    @property
-    def version(self) -> int:
-        return int(_lib.lib().dspark_gguf_version(self.handle))
+    file_size = int_property("dspark_gguf_file_size")
+    version = int_property("dspark_gguf_version")
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -5,9 +5,11 @@ import numbers
 import os
 import weakref
 from contextlib import ExitStack
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Generator, Mapping, Sequence, TypeVar, Union
 
 from . import _lib
+from ._handle import Closing
 from .context import Context
 from .decode_loop import DecodeLoop, Request
 from .draft import DraftContext, DraftModel
@@ -31,7 +33,7 @@ Messages = Sequence[Mapping[str, Any]]
 _Closeable = TypeVar("_Closeable", Model, DraftModel, Context, DraftContext, Engine)
 
 
-class LLM:
+class LLM(Closing):
     """A target model, optionally with a DFlash/DSpark draft, ready to generate.
 
     At temperature 0 (the default) the output is the target's own greedy decoding, token for token,
@@ -163,38 +165,15 @@ class LLM:
             resources.close()
         self._closed = True
 
-    def __enter__(self) -> LLM:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
     # ---- properties -----------------------------------------------------------------------------
 
-    @property
-    def method(self) -> str:
-        """The speculative method running: "dflash", "dspark" or "none"."""
-        return self.speculative.method
-
-    @property
-    def n_ctx(self) -> int:
-        return self.context.n_ctx
-
-    @property
-    def n_seq_max(self) -> int:
-        return self.context.n_seq_max
-
-    @property
-    def n_vocab(self) -> int:
-        return self.model.n_vocab
-
-    @property
-    def n_draft(self) -> int:
-        """Draft tokens per step after clamping n_max to the draft (0 without drafting)."""
-        return self.engine.n_draft
+    method = property(attrgetter("speculative.method"),
+                      doc='The speculative method running: "dflash", "dspark" or "none".')
+    n_ctx = property(attrgetter("context.n_ctx"))
+    n_seq_max = property(attrgetter("context.n_seq_max"))
+    n_vocab = property(attrgetter("model.n_vocab"))
+    n_draft = property(attrgetter("engine.n_draft"),
+                       doc='Draft tokens per step after clamping n_max to the draft (0 without drafting).')
 
     # ---- text -----------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ import os
 from typing import Any, Sequence
 
 from . import _lib
-from ._handle import NativeHandle
+from ._handle import NativeHandle, int_property
 from .gguf_file import GGUFFile
 
 
@@ -71,38 +71,14 @@ class Model(NativeHandle):
         names = _lib.to_str(_lib.lib().dspark_model_devices(self.handle)) or ""
         return [n for n in names.split(",") if n]
 
-    @property
-    def n_vocab(self) -> int:
-        return int(_lib.lib().dspark_model_n_vocab(self.handle))
-
-    @property
-    def n_embd(self) -> int:
-        return int(_lib.lib().dspark_model_n_embd(self.handle))
-
-    @property
-    def n_layer(self) -> int:
-        return int(_lib.lib().dspark_model_n_layer(self.handle))
-
-    @property
-    def n_head(self) -> int:
-        return int(_lib.lib().dspark_model_n_head(self.handle))
-
-    @property
-    def n_head_kv(self) -> int:
-        return int(_lib.lib().dspark_model_n_head_kv(self.handle))
-
-    @property
-    def n_ctx_train(self) -> int:
-        return int(_lib.lib().dspark_model_n_ctx_train(self.handle))
-
-    @property
-    def n_params(self) -> int:
-        return int(_lib.lib().dspark_model_n_params(self.handle))
-
-    @property
-    def size(self) -> int:
-        """Bytes of weights."""
-        return int(_lib.lib().dspark_model_size(self.handle))
+    n_vocab = int_property("dspark_model_n_vocab")
+    n_embd = int_property("dspark_model_n_embd")
+    n_layer = int_property("dspark_model_n_layer")
+    n_head = int_property("dspark_model_n_head")
+    n_head_kv = int_property("dspark_model_n_head_kv")
+    n_ctx_train = int_property("dspark_model_n_ctx_train")
+    n_params = int_property("dspark_model_n_params")
+    size = int_property("dspark_model_size", "Bytes of weights.")
 
     @property
     def metadata(self) -> dict[str, Any]:

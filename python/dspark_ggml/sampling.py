@@ -41,26 +41,25 @@ class SamplingParams:
     stop: list[str] | str | None = None
 
     def validate(self) -> None:
-        """The sampler's values are checked by the core (dspark_sampling_check, the rules the C API
-        applies everywhere); what only Python has (max_tokens, the seed's range) here."""
+        """Raise InvalidArgumentError for a bad value, where the value enters (LLM.generate, the
+        server's defaults, the command line): the sampler's values by the core's rules
+        (dspark_sampling_check, which every C entry point taking them applies), max_tokens and the
+        ranges the C struct cannot hold here."""
+        _lib.check(_lib.lib().dspark_sampling_check(self.to_c()))
+
+    def to_c(self) -> Any:
+        """The C struct dspark_sampling_params, its values unchecked: the C function it is passed to
+        checks them. max_tokens and the seed's and top_k's ranges are checked here."""
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidArgumentError(f"max_tokens must be >= 1 or None, got {self.max_tokens}")
         if self.seed is not None and not 0 <= self.seed < _lib.lib().DSPARK_DEFAULT_SEED:
             raise InvalidArgumentError(f"seed must be in [0, 2**32-1), got {self.seed}")
         if not isinstance(self.top_k, int) or not -2**31 <= self.top_k < 2**31:
             raise InvalidArgumentError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        self._c_params()
-
-    def to_c(self) -> Any:
-        self.validate()
-        return self._c_params()
-
-    def _c_params(self) -> Any:
         lib, ffi = _lib.lib(), _lib.ffi()
         p = ffi.new("struct dspark_sampling_params *", lib.dspark_sampling_default_params())
         p.temperature, p.top_k, p.top_p, p.min_p = self.temperature, self.top_k, self.top_p, self.min_p
         p.seed = lib.DSPARK_DEFAULT_SEED if self.seed is None else self.seed
-        _lib.check(lib.dspark_sampling_check(p))
         return p
 
 

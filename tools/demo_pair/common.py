@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -9,6 +10,38 @@ import time
 
 import numpy as np
 import torch
+
+
+def step_parser(seed: int) -> argparse.ArgumentParser:
+    """A step's command line: --out (the run's folder), --seed (default ``seed``), --threads."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/demo_pair_out")
+    ap.add_argument("--seed", type=int, default=seed)
+    ap.add_argument("--threads", type=int, default=1)
+    return ap
+
+
+def add_optimizer_args(ap: argparse.ArgumentParser, wd: float) -> None:
+    """AdamW with a cosine schedule (cosine_lr): batch size, peak lr, warmup steps, weight decay."""
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--wd", type=float, default=wd)
+
+
+def start_step(ap: argparse.ArgumentParser, argv) -> tuple[argparse.Namespace, "Timer", str]:
+    """Parse the command line, set torch's threads and seeds: the arguments, a timer started now and
+    the target's folder (OUT/target)."""
+    args = ap.parse_args(argv)
+    setup_torch(args.threads, args.seed)
+    return args, Timer(), os.path.join(args.out, "target")
+
+
+def target_tokenizer(tdir: str):
+    """The target's tokenizer (tokenizers.Tokenizer) from its folder."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(os.path.join(tdir, "tokenizer.json"))
 
 
 def setup_torch(threads: int, seed: int) -> None:

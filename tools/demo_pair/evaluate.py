@@ -24,7 +24,6 @@ speculative vs target-only decoding with this same torch code (2 threads unless 
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import time
@@ -34,7 +33,7 @@ import torch
 from tokenizers import Tokenizer
 
 import corpus
-from common import Timer, log, setup_torch, write_json
+from common import log, start_step, step_parser, target_tokenizer, write_json
 from draft import DraftConfig, DSparkDraft, load_hf_draft
 from targetio import FastTarget, load_target
 
@@ -154,22 +153,16 @@ def summarize(rounds, B):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/demo_pair_out")
+    ap = step_parser(seed=99)
     ap.add_argument("--draft", default=None, help="draft.pt or an exported HF draft directory "
                     "(default OUT/draft_torch/draft.pt)")
     ap.add_argument("--tag", default="", help="results go to OUT/eval{tag}.json")
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--max-prompts", type=int, default=0)
     ap.add_argument("--temps", default="0,0.7")
-    ap.add_argument("--seed", type=int, default=99)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--speed", type=int, default=1, help="also time target-only vs speculative (greedy)")
-    args = ap.parse_args(argv)
-    setup_torch(args.threads, args.seed)
-    timer = Timer()
-    tdir = os.path.join(args.out, "target")
-    tok = Tokenizer.from_file(os.path.join(tdir, "tokenizer.json"))
+    args, timer, tdir = start_step(ap, argv)
+    tok = target_tokenizer(tdir)
     stop_ids = {tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")}
     target = load_target(tdir)
     draft = load_draft(args.draft or os.path.join(args.out, "draft_torch", "draft.pt"))

@@ -24,15 +24,13 @@ draft_feats.npy [N, S, n*d] fp16; draft_final_hidden.npy [N, S, d] fp16.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
 
 import corpus
-from common import Timer, log, setup_torch, write_json
+from common import log, start_step, step_parser, target_tokenizer, write_json
 from draft import deepspec_layer_ids
 from targetio import FastTarget, load_target
 
@@ -70,19 +68,13 @@ def generate(ft: FastTarget, prompts: torch.Tensor, gen_len: int, temperature: f
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/demo_pair_out")
+    ap = step_parser(seed=4321)
     ap.add_argument("--groups", type=int, default=24)
     ap.add_argument("--group-size", type=int, default=80)
     ap.add_argument("--gen-len", type=int, default=160)
-    ap.add_argument("--seed", type=int, default=4321)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--n-layer-ids", type=int, default=3, help="number of target layer ids (= draft layers)")
-    args = ap.parse_args(argv)
-    setup_torch(args.threads, args.seed)
-    timer = Timer()
-    tdir = os.path.join(args.out, "target")
-    tok = Tokenizer.from_file(os.path.join(tdir, "tokenizer.json"))
+    args, timer, tdir = start_step(ap, argv)
+    tok = target_tokenizer(tdir)
     eos = tok.token_to_id("<|endoftext|>")
     im_end = tok.token_to_id("<|im_end|>")
     stream = np.load(os.path.join(args.out, "data", "train_stream.npy"))

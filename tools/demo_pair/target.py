@@ -8,15 +8,13 @@ of SEQ+1 tokens at uniformly random offsets
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
 
-from common import Timer, cosine_lr, log, setup_torch, write_json
+from common import add_optimizer_args, cosine_lr, log, start_step, step_parser, target_tokenizer, write_json
 
 TARGET_CONFIG = dict(
     vocab_size=4096,
@@ -72,24 +70,14 @@ def eval_loss(model, stream: np.ndarray, seq: int, max_windows: int = 64) -> flo
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/demo_pair_out")
+    ap = step_parser(seed=1234)
     ap.add_argument("--steps", type=int, default=600)
-    ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--wd", type=float, default=0.1)
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args(argv)
-
+    add_optimizer_args(ap, wd=0.1)
     from transformers import Qwen3ForCausalLM
 
-    setup_torch(args.threads, args.seed)
-    timer = Timer()
-    tdir = os.path.join(args.out, "target")
-    tok = Tokenizer.from_file(os.path.join(tdir, "tokenizer.json"))
+    args, timer, tdir = start_step(ap, argv)
+    tok = target_tokenizer(tdir)
     eos = tok.token_to_id("<|endoftext|>")
     stream = np.load(os.path.join(args.out, "data", "train_stream.npy"))
     held = np.load(os.path.join(args.out, "data", "heldout_stream.npy"))

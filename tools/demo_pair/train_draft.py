@@ -16,14 +16,13 @@ confidence logit and the BCE target 1 - TV is detached.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common import Timer, cosine_lr, log, setup_torch, write_json
+from common import add_optimizer_args, cosine_lr, log, start_step, step_parser, target_tokenizer, write_json
 from draft import DraftConfig, DSparkDraft, count_params, deepspec_layer_ids
 from targetio import load_target
 
@@ -131,31 +130,20 @@ def dspark_loss(draft: DSparkDraft, head_w, feats, final_h, block_ids, block_pos
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/tmp/demo_pair_out")
+    ap = step_parser(seed=777)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--markov-rank", type=int, default=64)
     ap.add_argument("--epochs", type=float, default=2.0)
-    ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--anchors", type=int, default=40)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--wd", type=float, default=0.01)
+    add_optimizer_args(ap, wd=0.01)
     ap.add_argument("--init", default="last", choices=["random", "last", "first"],
                     help="draft decoder layers: random init (std 0.02), or copies of the target's last / "
                          "first n decoder layers")
-    ap.add_argument("--seed", type=int, default=777)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args(argv)
-    setup_torch(args.threads, args.seed)
-    timer = Timer()
-    tdir = os.path.join(args.out, "target")
+    args, timer, tdir = start_step(ap, argv)
     ddir = os.path.join(args.out, "data")
     target = load_target(tdir)
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(os.path.join(tdir, "tokenizer.json"))
+    tok = target_tokenizer(tdir)
     mask_id = tok.token_to_id("<|mask|>")
     cfg = make_draft_config(target.config, args.layers, args.block_size, mask_id, args.markov_rank)
     d = np.load(os.path.join(ddir, "draft_data.npz"))

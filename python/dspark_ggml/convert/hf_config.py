@@ -14,6 +14,18 @@ from .errors import ConversionError
 _REQUIRED = object()
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_list_of(v: Any, ok: Callable[[Any], bool]) -> bool:
+    return isinstance(v, list) and all(ok(x) for x in v)
+
+
 class Config:
     def __init__(self, data: dict, where: str):
         if not isinstance(data, dict):
@@ -49,65 +61,41 @@ class Config:
             raise ConversionError(f"{self.where}: required field {key!r} is missing")
         return False, default
 
-    def int(self, key: str, default: Any = _REQUIRED, *, minimum: Optional[int] = None) -> Any:
+    def _checked(self, key: str, default: Any, ok: Callable[[Any], bool], expected: str,
+                 convert: Callable[[Any], Any] = lambda v: v) -> Any:
+        """The field converted, when ``ok`` accepts it; the default when it is absent."""
         found, value = self._lookup(key, default)
         if not found:
             return value
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self._fail(key, "an integer")
-        if minimum is not None and value < minimum:
+        if not ok(value):
+            raise self._fail(key, expected)
+        return convert(value)
+
+    def int(self, key: str, default: Any = _REQUIRED, *, minimum: Optional[int] = None) -> Any:
+        value = self._checked(key, default, _is_int, "an integer")
+        if minimum is not None and self.has(key) and value < minimum:
             raise self._fail(key, f"an integer >= {minimum}")
         return value
 
     def float(self, key: str, default: Any = _REQUIRED) -> Any:
-        found, value = self._lookup(key, default)
-        if not found:
-            return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self._fail(key, "a number")
-        return float(value)
+        return self._checked(key, default, _is_number, "a number", float)
 
     def bool(self, key: str, default: Any = _REQUIRED) -> Any:
-        found, value = self._lookup(key, default)
-        if not found:
-            return value
-        if not isinstance(value, bool):
-            raise self._fail(key, "true or false")
-        return value
+        return self._checked(key, default, lambda v: isinstance(v, bool), "true or false")
 
     def str(self, key: str, default: Any = _REQUIRED) -> Any:
-        found, value = self._lookup(key, default)
-        if not found:
-            return value
-        if not isinstance(value, str):
-            raise self._fail(key, "a string")
-        return value
+        return self._checked(key, default, lambda v: isinstance(v, str), "a string")
 
     def int_list(self, key: str, default: Any = _REQUIRED) -> Any:
-        found, value = self._lookup(key, default)
-        if not found:
-            return value
-        if not isinstance(value, list) or not all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise self._fail(key, "a list of integers")
-        return list(value)
+        return self._checked(key, default, lambda v: _is_list_of(v, _is_int), "a list of integers", list)
 
     def float_list(self, key: str, default: Any = _REQUIRED) -> Any:
-        found, value = self._lookup(key, default)
-        if not found:
-            return value
-        if not isinstance(value, list) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            raise self._fail(key, "a list of numbers")
-        return [float(v) for v in value]
+        return self._checked(key, default, lambda v: _is_list_of(v, _is_number), "a list of numbers",
+                             lambda v: [float(x) for x in v])
 
     def str_list(self, key: str, default: Any = _REQUIRED) -> Any:
-        found, value = self._lookup(key, default)
-        if not found:
-            return value
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self._fail(key, "a list of strings")
-        return list(value)
+        return self._checked(key, default, lambda v: _is_list_of(v, lambda x: isinstance(x, str)),
+                             "a list of strings", list)
 
     def sub(self, key: str) -> Optional["Config"]:
         """A nested object as its own Config, or None when absent."""

@@ -93,19 +93,17 @@ class Fields:
         return float(v)
 
     def boolean(self, name: str, default: bool) -> bool:
-        v = self.body.get(name)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise bad_request(f"'{name}' must be true or false, got {_json_type(v)}", name)
-        return v
+        return self._of_type(name, default, bool, "true or false")
 
     def string(self, name: str, default: Any) -> Any:
+        return self._of_type(name, default, str, "a string")
+
+    def _of_type(self, name: str, default: Any, kind: type, what: str) -> Any:
         v = self.body.get(name)
         if v is None:
             return default
-        if not isinstance(v, str):
-            raise bad_request(f"'{name}' must be a string, got {_json_type(v)}", name)
+        if not isinstance(v, kind):
+            raise bad_request(f"'{name}' must be {what}, got {_json_type(v)}", name)
         return v
 
 

@@ -19,8 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from ..decode_loop import Request
-from ..decode_loop import _LiveSequence as LiveSequence  # a request's text state: detokenizer, stop strings
+from ..decode_loop import LiveSequence, Request, context_full_victim
 from ..errors import ContextFullError, DeviceLostError, DSparkError
 
 if TYPE_CHECKING:
@@ -204,9 +203,7 @@ class Scheduler:
             try:
                 engine = self._pool.acquire(job.speculative)
                 try:
-                    seq = LiveSequence(job.request, self._free_slot(), self._tokenizer)
-                    tokens = engine.add(seq.seq_id, job.request.prompt, job.request.sampling,
-                                        [[t] for t in job.request.stop_token_ids])
+                    seq, tokens = LiveSequence.start(engine, job.request, self._free_slot(), self._tokenizer)
                 except BaseException:
                     self._pool.release(engine)  # the sequence never ran: the engine is not held
                     raise
@@ -231,9 +228,8 @@ class Scheduler:
             try:
                 engine.step()
             except ContextFullError:
-                # the cells are shared by the sequences: end the longest one, the others go on
-                longest = max(slots, key=lambda s: len(s.job.request.prompt) + s.seq.n_tokens)
-                self._finish(longest, longest.seq.last_chunk("context_full"))
+                victim = self._slots[context_full_victim(s.seq for s in slots).seq_id]
+                self._finish(victim, victim.seq.last_chunk("context_full"))
                 continue
             except DSparkError as e:
                 self._note_device_loss(e)
@@ -263,9 +259,8 @@ class Scheduler:
 
     def _release(self, slot: _Slot) -> GenerationStats:
         """Free a running sequence's slot and KV cells; its counters go to the metrics."""
-        stats = slot.seq.stats(slot.engine)
         try:
-            slot.engine.remove(slot.seq_id)
+            stats = slot.seq.close(slot.engine)
         finally:
             del self._slots[slot.seq_id]
             self._pool.release(slot.engine)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
+from operator import attrgetter
 from typing import Any, Iterable, Mapping, Sequence
 
 from .backend import build_backend
@@ -50,65 +51,23 @@ class Tokenizer:
         """Number of tokens (ids are 0..n_vocab-1)."""
         return len(self._vocab.tokens)
 
-    @property
-    def model(self) -> str:
-        """`tokenizer.ggml.model`: "gpt2", "llama" or "gemma4"."""
-        return self._vocab.model
-
-    @property
-    def pre(self) -> str:
-        """`tokenizer.ggml.pre` ("default" when a gpt2 GGUF names none; as stored for llama)."""
-        return self._vocab.pre
-
-    @property
-    def bos_id(self) -> int | None:
-        """Beginning-of-sequence token, or None."""
-        return self._vocab.ids.bos
-
-    @property
-    def eos_id(self) -> int | None:
-        """End-of-sequence token, or None."""
-        return self._vocab.ids.eos
-
-    @property
-    def eot_id(self) -> int | None:
-        """End-of-turn token (from the GGUF or found by its text, e.g. <|im_end|>), or None."""
-        return self._vocab.ids.eot
-
-    @property
-    def eom_id(self) -> int | None:
-        """End-of-message token (<|eom_id|>), or None."""
-        return self._vocab.ids.eom
-
-    @property
-    def unk_id(self) -> int | None:
-        """Unknown-text token, or None."""
-        return self._vocab.ids.unk
-
-    @property
-    def pad_id(self) -> int | None:
-        """Padding token, or None."""
-        return self._vocab.ids.pad
-
-    @property
-    def mask_id(self) -> int | None:
-        """Mask token, or None."""
-        return self._vocab.ids.mask
-
-    @property
-    def add_bos(self) -> bool:
-        """Whether encode(add_special=True) prepends BOS."""
-        return self._vocab.add_bos
-
-    @property
-    def add_eos(self) -> bool:
-        """Whether encode(add_special=True) appends EOS."""
-        return self._vocab.add_eos
-
-    @property
-    def eog_ids(self) -> frozenset[int]:
-        """Tokens that end generation: eos, eot, eom and the ones llama.cpp recognises by text."""
-        return self._vocab.eog_ids
+    model = property(attrgetter("_vocab.model"),
+                     doc='`tokenizer.ggml.model`: "gpt2", "llama" or "gemma4".')
+    pre = property(attrgetter("_vocab.pre"),
+                   doc='`tokenizer.ggml.pre` ("default" when a gpt2 GGUF names none; as stored for llama).')
+    bos_id = property(attrgetter("_vocab.ids.bos"), doc='Beginning-of-sequence token, or None.')
+    eos_id = property(attrgetter("_vocab.ids.eos"), doc='End-of-sequence token, or None.')
+    eot_id = property(attrgetter("_vocab.ids.eot"),
+                      doc='End-of-turn token (from the GGUF or found by its text, e.g. <|im_end|>), or None.')
+    eom_id = property(attrgetter("_vocab.ids.eom"), doc='End-of-message token (<|eom_id|>), or None.')
+    unk_id = property(attrgetter("_vocab.ids.unk"), doc='Unknown-text token, or None.')
+    pad_id = property(attrgetter("_vocab.ids.pad"), doc='Padding token, or None.')
+    mask_id = property(attrgetter("_vocab.ids.mask"), doc='Mask token, or None.')
+    add_bos = property(attrgetter("_vocab.add_bos"), doc='Whether encode(add_special=True) prepends BOS.')
+    add_eos = property(attrgetter("_vocab.add_eos"), doc='Whether encode(add_special=True) appends EOS.')
+    eog_ids = property(attrgetter("_vocab.eog_ids"),
+                       doc="Tokens that end generation: eos, eot, eom and the ones llama.cpp recognises "
+                           "by text.")
 
     def is_eog(self, token_id: int) -> bool:
         """True if `token_id` ends generation."""
