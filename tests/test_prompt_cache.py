@@ -149,3 +149,33 @@ def test_bad_input(models, prompt):
     finally:
         engine.close()
         ctx.close()
+
+
+def test_a_prefix_is_kept_only_where_the_continuation_stays_in_its_block(models, prompt):
+    """Cells shared with another sequence (seq_cp, as the server shares a common prefix) or that
+    sequence's own cells in the rest of a block would split the continuation across blocks: the
+    prefix is then kept in whole blocks of 64 positions, and the output stays that of a fresh run."""
+    prompt = prompt + prompt  # two blocks and more
+    ctx, _ = _contexts(models, False)
+    engine = Engine(ctx)
+    sp = SamplingParams(max_tokens=8, temperature=0.9, seed=3)
+    try:
+        _run(engine, 0, prompt, sp, reuse=False)
+        engine.detach(0)
+        ctx.kv.seq_cp(0, 1, 0, 70)  # seq 1 shares positions 0 .. 69; seq 0's 70.. follow in the block
+        assert engine.cached_prefix(0, prompt) == len(prompt) - 1
+        assert engine.cached_prefix(0, prompt[:50] + [other_than(prompt[50])]) == 0  # 50 .. 63 are shared
+        assert engine.cached_prefix(1, prompt[:70] + [other_than(prompt[70])]) == 64  # 70 .. 127 are seq 0's
+        tail = prompt[:70] + [other_than(prompt[70])] * 12
+        fresh_ctx, _ = _contexts(models, False)
+        fresh = Engine(fresh_ctx)
+        try:
+            expected = _run(fresh, 0, tail, sp, reuse=False)
+        finally:
+            fresh.close()
+            fresh_ctx.close()
+        assert _run(engine, 1, tail, sp, reuse=True) == expected
+        assert engine.stats(1).n_cached == 64
+    finally:
+        engine.close()
+        ctx.close()

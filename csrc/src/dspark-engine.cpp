@@ -122,6 +122,9 @@ int32_t dspark_engine::cached_prefix(int32_t seq_id, const dspark_token * prompt
     if (dft && k > 0) {
         k = std::min(k, dft->kv.seq_prefix(seq_id, prompt, k));  // features of the same tokens
     }
+    if (!tgt.kv.seq_can_keep(seq_id, k) || (dft && !dft->kv.seq_can_keep(seq_id, k))) {
+        k -= k % DSPARK_KV_ALIGN;  // keep whole blocks: the continuation starts a block of its own
+    }
     return k;
 }
 

@@ -240,6 +240,27 @@ int32_t dspark_kv_cache::seq_prefix(int32_t seq, const int32_t * tokens, int32_t
     return k;
 }
 
+bool dspark_kv_cache::seq_can_keep(int32_t seq, int32_t k) const {
+    if (k % DSPARK_KV_ALIGN == 0) {
+        return true;  // the continuation starts a block of its own
+    }
+    int64_t last = -1;  // the cell of position k - 1
+    for (uint32_t i = 0; i < extent && last < 0; ++i) {
+        last = cells[i].pos == k - 1 && cells[i].seq.test(seq) ? (int64_t) i : -1;
+    }
+    if (last < 0 || last % DSPARK_KV_ALIGN != (k - 1) % DSPARK_KV_ALIGN) {
+        return false;
+    }
+    // the rest of its block must be free once the sequence's positions k.. are removed
+    for (int64_t i = last + 1; i < (last / DSPARK_KV_ALIGN + 1) * DSPARK_KV_ALIGN && i < (int64_t) n_cells; ++i) {
+        const dspark_kv_cell & c = cells[i];
+        if (c.pos >= 0 && !(c.pos >= k && c.seq.test(seq) && c.seq.count() == 1)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 int32_t dspark_kv_cache::seq_pos_min(int32_t seq) const {
     int32_t m = -1;
     for (uint32_t i = 0; i < extent; ++i) {

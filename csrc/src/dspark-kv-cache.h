@@ -83,6 +83,12 @@ struct dspark_kv_cache {
     // Prompt caching: k such that seq's cells hold tokens[0 .. k) at positions 0 .. k-1 (k <= n).
     // A cell whose token is not known matches nothing.
     int32_t seq_prefix(int32_t seq, const int32_t * tokens, int32_t n) const;
+    // Whether seq can keep positions 0 .. k-1 and continue at k in the same block of cells: the
+    // rest of that block is free once its positions k.. are removed (no other sequence's cells
+    // there, shared ones included). Else the continuation would split the block of
+    // DSPARK_KV_ALIGN positions across cells, and attention would accumulate it in another order
+    // than when the sequence is recomputed. True when k starts a block.
+    bool seq_can_keep(int32_t seq, int32_t k) const;
     uint32_t n_used() const { return used; }
 
   private:
