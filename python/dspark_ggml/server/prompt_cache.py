@@ -54,12 +54,13 @@ class PromptCache:
         if not (self.enabled and reuse):
             return self._spare(slots), 0
         hits = {s: engine.cached_prefix(s, prompt) for s in slots}
-        best = max(slots, key=lambda s: (hits[s], -self._idle.get(s, 0)))
+        held = {s: self._held(s) for s in slots}
+        best = max(slots, key=lambda s: (hits[s], -held[s]))  # of equal hits, the one that loses least
         n = hits[best]
         if n == 0:
             return self._spare(slots), 0
         others = [s for s in slots if s != best]
-        if 2 * n >= self._held(best) or not others:
+        if 2 * n >= held[best] or not others:
             return best, n
         # whole blocks only: the spare slot's own cells then start a block, as when recomputed
         n -= n % KV_ALIGN
