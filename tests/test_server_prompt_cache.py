@@ -121,6 +121,18 @@ def test_a_diverging_prompt_shares_the_prefix_and_leaves_the_other_cache_alone(o
     assert text == complete(oai["fresh"], x)[0]
 
 
+def test_a_target_only_request_leaves_no_stale_draft_cells_behind(oai):
+    """``speculative: false`` runs without the draft: its slot's draft cells keep the previous
+    prompt's features, which the next drafting request must not reuse past what they match."""
+    prompt = source("spec_off", 10)
+    expected = complete(oai["fresh"], prompt)[0]
+    assert complete(oai["cached"], prompt, extra_body={"speculative": False})[0] == expected
+    for _ in range(2):  # the first finds the target's cells only; the second both caches' cells
+        text, usage = complete(oai["cached"], prompt)
+        assert text == expected
+    assert cached(usage) == usage.prompt_tokens - 1
+
+
 def test_cache_prompt_false_prefills_everything(oai, servers):
     prompt = source("declined", 8)
     expected, _ = complete(oai["cached"], prompt)
