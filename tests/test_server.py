@@ -214,8 +214,10 @@ def test_n_choices_and_speculative_stats(http, reference):
     want = reference.generate(prompt, max_tokens=12)
     assert [c["index"] for c in d["choices"]] == [0, 1, 2]
     assert all(c["text"] == want.text for c in d["choices"])  # greedy: every choice is the same
+    cached = d["usage"].pop("prompt_tokens_details")["cached_tokens"]  # earlier tests sent this prompt too
     assert d["usage"] == {"prompt_tokens": len(want.prompt_tokens), "completion_tokens": 36,
                           "total_tokens": len(want.prompt_tokens) + 36}
+    assert 0 <= cached < len(want.prompt_tokens)
     spec = d["speculative"]
     assert spec["method"] == "dspark" and spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"]
     assert spec["tau"] == pytest.approx((spec["accepted"] + spec["steps"]) / spec["steps"])

@@ -506,6 +506,9 @@ struct dspark_request {
     const dspark_token * stop_tokens;
     const int32_t *      stop_lens;
     int32_t              n_stop;
+    bool                 reuse_prefix; /* prompt caching: keep the cells this sequence id already holds of the
+                                          prompt's longest prefix (dspark_engine_cached_prefix) and prefill
+                                          only the rest; false: prefill all of it */
 };
 
 #define DSPARK_STATS_MAX_POS 64
@@ -514,6 +517,7 @@ struct dspark_request {
  * mean accepted length per verify step counting the target's own token. */
 struct dspark_spec_stats {
     int32_t n_prompt;
+    int32_t n_cached;                             /* of the prompt, tokens reused from the cache, not prefilled */
     int32_t n_generated;                          /* tokens emitted, the prefill's first token included */
     int32_t n_steps;                              /* verify steps */
     int32_t n_drafted;                            /* draft tokens sent to verification */
@@ -539,8 +543,15 @@ DSPARK_API int32_t dspark_engine_set_eog(struct dspark_engine * engine, const ds
 DSPARK_API int32_t dspark_engine_n_draft(const struct dspark_engine * engine);
 
 /* Start a sequence: prefill its prompt (target and draft) and emit its first token. The sequence id
- * must be free in both contexts. On failure the caches are as before. */
+ * must not be active; its cells are cleared first, but for the reused prefix with reuse_prefix.
+ * On failure the sequence id holds no cells. */
 DSPARK_API int32_t dspark_engine_add(struct dspark_engine * engine, dspark_seq_id seq_id, const struct dspark_request * request);
+/* Prompt caching: how many leading tokens of prompt the cells of seq_id hold, in the target's cache
+ * and (with a draft) the draft's, which is what dspark_engine_add with reuse_prefix keeps; at most
+ * n_prompt - 1 (the last prompt token is always decoded). Cells record their tokens, so a stale
+ * cell never counts. Returns the count, or < 0 on a bad sequence id. */
+DSPARK_API int32_t dspark_engine_cached_prefix(const struct dspark_engine * engine, dspark_seq_id seq_id,
+                                               const dspark_token * prompt, int32_t n_prompt);
 /* One step for every active sequence. Returns the number of sequences still active, or < 0. */
 DSPARK_API int32_t dspark_engine_step(struct dspark_engine * engine);
 /* Up to max_steps steps, as many dspark_engine_step calls but without returning in between; ends
@@ -557,6 +568,9 @@ DSPARK_API int32_t dspark_engine_seq_status(const struct dspark_engine * engine,
 DSPARK_API int32_t dspark_engine_get_stats(const struct dspark_engine * engine, dspark_seq_id seq_id, struct dspark_spec_stats * out);
 /* Finish a sequence now and free its cells in both caches. */
 DSPARK_API int32_t dspark_engine_remove(struct dspark_engine * engine, dspark_seq_id seq_id);
+/* Forget a sequence (finished or not) but leave its cells in both caches, for a later request that
+ * starts with the same tokens (reuse_prefix); dspark_kv_seq_rm frees them. */
+DSPARK_API int32_t dspark_engine_detach(struct dspark_engine * engine, dspark_seq_id seq_id);
 /* Called during the computations of add and step (prefill, draft, verify); returning true stops
  * them with DSPARK_STATUS_ABORTED. The engine checks it only where stopping leaves every sequence
  * and both caches as they were before the call, so the engine stays usable. NULL removes it. */

@@ -186,7 +186,7 @@ void dspark_context::decode(const dspark_batch & b, const dspark_sampler_rows * 
                      kv.n_used(), kv.n_cells, b.n_tokens);
     }
     // The batch's own cells take part in its attention: claim them now, give them back on failure.
-    kv.commit(slots, b.pos, b.seq_id);
+    kv.commit(slots, b.pos, b.seq_id, b.token);  // the tokens let a later request reuse the cells
     try {
         run(b, slots, n_out, sampling);
     } catch (...) {

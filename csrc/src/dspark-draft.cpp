@@ -112,14 +112,14 @@ void dspark_draft_context::validate_inject(const float * features, int32_t n_row
 }
 
 void dspark_draft_context::inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos,
-                                  const dspark_seq_id * seq) {
+                                  const dspark_seq_id * seq, const dspark_token * tokens) {
     std::vector<int32_t> last(params.n_seq_max, -2);
     validate_inject(features, n_rows, width, pos, seq, last);
     std::vector<int32_t> slots;
     if (!kv.find_slots((uint32_t) n_rows, slots, seq, pos)) {
         dspark_throw(DSPARK_STATUS_CONTEXT_FULL, "the draft KV cache is full (%u of %u cells used)", kv.n_used(), kv.n_cells);
     }
-    kv.commit(slots, pos, seq);
+    kv.commit(slots, pos, seq, tokens);
     try {
         ggml_context * ctx = compute.begin();
         ggml_cgraph * gf = compute.new_graph(ctx);
@@ -222,7 +222,8 @@ void dspark_draft_context::propose(const dspark_propose_request & r) {
     const std::vector<int32_t> inj_slots(slots.begin(), slots.begin() + n_rows);  // real rows first
     const std::vector<int32_t> block_slots(slots.begin() + n_rows, slots.end());
     // Injected cells stay; the block's own cells are temporary: claimed for this decode only.
-    kv.commit(std::vector<int32_t>(inj_slots.begin(), inj_slots.begin() + r.n_inject), r.inject_pos, r.inject_seq);
+    kv.commit(std::vector<int32_t>(inj_slots.begin(), inj_slots.begin() + r.n_inject), r.inject_pos, r.inject_seq,
+              r.inject_tokens);
     kv.commit(block_slots, pos.data(), seq.data());
     try {
         run_propose(r, inj_slots, block_slots);

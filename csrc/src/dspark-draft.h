@@ -44,6 +44,7 @@ struct dspark_propose_request {
     const float *         inject_features = nullptr;
     const dspark_pos *    inject_pos = nullptr;
     const dspark_seq_id * inject_seq = nullptr;
+    const dspark_token *  inject_tokens = nullptr;  // the token of each row (prompt caching), or null
 };
 
 struct dspark_draft_context : dspark_runtime {
@@ -63,8 +64,11 @@ struct dspark_draft_context : dspark_runtime {
     dspark_draft_context(dspark_model & draft, const dspark_context_params & params);  // throws
     ~dspark_draft_context();
 
-    // Store target features [n_rows][width] as context cells at (pos, seq). Throws; unchanged on failure.
-    void inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos, const dspark_seq_id * seq);
+    // Store target features [n_rows][width] as context cells at (pos, seq), of the target's tokens
+    // `tokens` (null: not known; only cells whose tokens are known serve a cached prompt prefix).
+    // Throws; unchanged on failure.
+    void inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos, const dspark_seq_id * seq,
+                const dspark_token * tokens = nullptr);
     // Decode one block per sequence; the draft cache is the same afterwards. Throws on bad input.
     void propose(const dspark_propose_request & req);
 

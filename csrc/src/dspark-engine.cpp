@@ -112,42 +112,50 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
 
 // ---- sequences ------------------------------------------------------------------------------------
 
-void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
+void dspark_engine::check_seq_id(int32_t seq_id) const {
     if (seq_id < 0 || (uint32_t) seq_id >= tgt.params.n_seq_max) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence id %d: must be 0 .. %u", seq_id, tgt.params.n_seq_max - 1);
     }
+}
+
+// The cells record their tokens (the draft's too), so a prefix is reused only where both caches
+// hold exactly these tokens at these positions: whatever ran on the sequence id before (another
+// engine over the same contexts, a target-only one that left the draft's cells behind) cannot
+// make a stale cell count. Cells computed earlier equal recomputed ones bit for bit (rows are
+// computed batch-invariantly, and a sequence's cells keep their order and lanes), so the output
+// does not depend on the hit.
+int32_t dspark_engine::cached_prefix(int32_t seq_id, const dspark_token * prompt, int32_t n_prompt) const {
+    check_seq_id(seq_id);
+    if (!prompt || n_prompt < 2) {
+        return 0;
+    }
+    int32_t k = tgt.kv.seq_prefix(seq_id, prompt, n_prompt - 1);
+    if (dft && k > 0) {
+        k = std::min(k, dft->kv.seq_prefix(seq_id, prompt, k));  // features of the same tokens
+    }
+    if (!tgt.kv.seq_can_keep(seq_id, k) || (dft && !dft->kv.seq_can_keep(seq_id, k))) {
+        k -= k % DSPARK_KV_ALIGN;  // keep whole blocks: the continuation starts a block of its own
+    }
+    return k;
+}
+
+void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
+    check_seq_id(seq_id);
     auto it = seqs.find(seq_id);
     if (it != seqs.end() && it->second.status == DSPARK_SEQ_ACTIVE) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d is still active; remove it first", seq_id);
     }
     dspark_seq_state s(seq_id, r, tgt.hp().n_vocab, tgt.params.n_ctx, n_draft);
+    const int32_t n_keep = r.reuse_prefix ? cached_prefix(seq_id, r.prompt, r.n_prompt) : 0;
 
-    // the caches must hold nothing of this sequence
-    tgt.kv.seq_rm(seq_id, 0, -1);
+    // the caches must hold nothing of this sequence but the reused prefix
+    tgt.kv.seq_rm(seq_id, n_keep, -1);
     if (dft) {
-        dft->kv.seq_rm(seq_id, 0, -1);
+        dft->kv.seq_rm(seq_id, n_keep, -1);
     }
     const auto t0 = clock_type::now();
     try {
-        for (int32_t off = 0; off < r.n_prompt; off += (int32_t) tgt.params.n_batch) {
-            const int32_t n = std::min<int32_t>((int32_t) tgt.params.n_batch, r.n_prompt - off);
-            std::vector<dspark_pos> pos(n);
-            std::vector<dspark_seq_id> seq(n, seq_id);
-            std::vector<int8_t> out(n, 0);
-            for (int32_t i = 0; i < n; ++i) {
-                pos[i] = off + i;
-            }
-            out[n - 1] = off + n == r.n_prompt;
-            dspark_batch b = {n, r.prompt + off, pos.data(), seq.data(), out.data()};
-            tgt.decode(b);
-            if (dft) {
-                for (int32_t c = 0; c < n; c += (int32_t) dft->params.n_batch) {
-                    const int32_t m = std::min<int32_t>((int32_t) dft->params.n_batch, n - c);
-                    const int32_t width = dft->hp().feature_width();
-                    dft->inject(tgt.captured.data() + (size_t) c * width, m, width, pos.data() + c, seq.data() + c);
-                }
-            }
-        }
+        prefill(seq_id, r, n_keep);
     } catch (...) {
         tgt.kv.seq_rm(seq_id, 0, -1);
         if (dft) {
@@ -159,12 +167,39 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
     s.status = DSPARK_SEQ_ACTIVE;
     const dspark_token first = dspark_sample_host(tgt.logits.data(), tgt.hp().n_vocab, s.sp, s.sp.greedy() ? 0.0f : s.rng.next());
     s.stats.t_prefill_ms = ms_since(t0);
+    s.stats.n_cached = n_keep;
     s.anchor = first;
     s.emit(first, false, eog);
     total.n_prompt += r.n_prompt;
+    total.n_cached += n_keep;
     total.n_generated += 1;
     total.t_prefill_ms += s.stats.t_prefill_ms;
     seqs[seq_id] = std::move(s);
+}
+
+// Decode prompt positions [from, n_prompt) into the target, n_batch at a time, and inject their
+// features into the draft; the logits of the last position stay in the target context.
+void dspark_engine::prefill(int32_t seq_id, const dspark_request & r, int32_t from) {
+    for (int32_t off = from; off < r.n_prompt; off += (int32_t) tgt.params.n_batch) {
+        const int32_t n = std::min<int32_t>((int32_t) tgt.params.n_batch, r.n_prompt - off);
+        std::vector<dspark_pos> pos(n);
+        std::vector<dspark_seq_id> seq(n, seq_id);
+        std::vector<int8_t> out(n, 0);
+        for (int32_t i = 0; i < n; ++i) {
+            pos[i] = off + i;
+        }
+        out[n - 1] = off + n == r.n_prompt;
+        dspark_batch b = {n, r.prompt + off, pos.data(), seq.data(), out.data()};
+        tgt.decode(b);
+        if (dft) {
+            for (int32_t c = 0; c < n; c += (int32_t) dft->params.n_batch) {
+                const int32_t m = std::min<int32_t>((int32_t) dft->params.n_batch, n - c);
+                const int32_t width = dft->hp().feature_width();
+                dft->inject(tgt.captured.data() + (size_t) c * width, m, width, pos.data() + c, seq.data() + c,
+                            r.prompt + off + c);
+            }
+        }
+    }
 }
 
 void dspark_engine::remove(int32_t seq_id) {
@@ -177,6 +212,11 @@ void dspark_engine::remove(int32_t seq_id) {
         dft->kv.seq_rm(seq_id, 0, -1);
     }
     seqs.erase(it);
+}
+
+void dspark_engine::detach(int32_t seq_id) {
+    seq(seq_id);  // throws for an unknown one
+    seqs.erase(seq_id);
 }
 
 // How many draft tokens this sequence can still use: room for them plus the target's own token
@@ -317,17 +357,20 @@ dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, in
     std::vector<float> inj_feat;
     std::vector<dspark_pos> inj_pos;
     std::vector<dspark_seq_id> inj_seq;
+    std::vector<dspark_token> inj_tok;
     for (size_t i : which) {
         dspark_seq_state & s = *plans[i].s;
         inj_feat.insert(inj_feat.end(), s.pending_feat.begin(), s.pending_feat.end());
         inj_pos.insert(inj_pos.end(), s.pending_pos.begin(), s.pending_pos.end());
         inj_seq.insert(inj_seq.end(), s.pending_pos.size(), s.id);
+        inj_tok.insert(inj_tok.end(), s.pending_tok.begin(), s.pending_tok.end());
     }
     const int32_t width = dft->hp().feature_width();
     size_t done = 0;
     while (inj_pos.size() - done > dft->params.n_batch) {  // more than one graph takes: inject ahead
         const int32_t m = (int32_t) dft->params.n_batch;
-        dft->inject(inj_feat.data() + done * width, m, width, inj_pos.data() + done, inj_seq.data() + done);
+        dft->inject(inj_feat.data() + done * width, m, width, inj_pos.data() + done, inj_seq.data() + done,
+                    inj_tok.data() + done);
         done += m;
     }
     // Probabilistic drafting: each sampled sequence drafts with its own sampler chain (its top-k /
@@ -348,6 +391,7 @@ dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, in
     r.inject_features = inj_feat.data() + done * width;
     r.inject_pos = inj_pos.data() + done;
     r.inject_seq = inj_seq.data() + done;
+    r.inject_tokens = inj_tok.data() + done;
     r.n_seqs = (int32_t) which.size();
     r.anchors = anchors.data();
     r.pos0 = pos0.data();
@@ -362,6 +406,7 @@ dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, in
     for (size_t i : which) {
         plans[i].s->pending_feat.clear();
         plans[i].s->pending_pos.clear();
+        plans[i].s->pending_tok.clear();
     }
     for (size_t w = 0; w < which.size(); ++w) {
         plan & p = plans[which[w]];
@@ -521,6 +566,7 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
             p.s->pending_feat.insert(p.s->pending_feat.end(), rows, rows + (size_t) keep * width);
             for (int j = 0; j < keep; ++j) {
                 p.s->pending_pos.push_back(n_past + j);
+                p.s->pending_tok.push_back(tok[p.row + j]);  // the anchor, then the accepted drafts
             }
         }
     }

@@ -46,6 +46,9 @@ struct dspark_engine {
     dspark_engine(dspark_context & target, dspark_draft_context * draft, const dspark_spec_params & params);
 
     void add(int32_t seq_id, const dspark_request & req);  // prefill and the first token (validates req)
+    // Prompt caching: how many leading prompt tokens seq_id's cells hold in both caches (at most
+    // n_prompt - 1: the last one is always decoded, for the first token's logits).
+    int32_t cached_prefix(int32_t seq_id, const dspark_token * prompt, int32_t n_prompt) const;
     const dspark_seq_state & seq(int32_t seq_id) const;     // throws for an unknown sequence
     int32_t status(int32_t seq_id) const;                   // DSPARK_SEQ_IDLE for an unknown one
     int32_t step();                                         // returns the number of active sequences
@@ -54,8 +57,11 @@ struct dspark_engine {
     // number of steps run. A failing step throws; the tokens of the steps before it stay readable.
     int32_t run(int32_t max_steps);
     void remove(int32_t seq_id);
+    void detach(int32_t seq_id);  // forget the sequence, leave its cells (for a later add's reuse_prefix)
 
   private:
+    void    check_seq_id(int32_t seq_id) const;
+    void    prefill(int32_t seq_id, const dspark_request & req, int32_t from);
     void    clear_new_tokens();
     int32_t step_once();  // one step, adding to each sequence's new tokens; returns the active count
     struct plan : dspark_verify_block {  // one sequence's part of a step

@@ -106,10 +106,12 @@ bool dspark_kv_cache::find_slots(uint32_t n, std::vector<int32_t> & out, const i
     return true;
 }
 
-void dspark_kv_cache::commit(const std::vector<int32_t> & slots, const int32_t * pos, const int32_t * seq) {
+void dspark_kv_cache::commit(const std::vector<int32_t> & slots, const int32_t * pos, const int32_t * seq,
+                             const int32_t * token) {
     for (size_t i = 0; i < slots.size(); ++i) {
         dspark_kv_cell & c = cells[slots[i]];
         c.pos = pos[i];
+        c.token = token ? token[i] : -1;
         c.seq.reset();
         c.seq.set(seq[i]);
         used++;
@@ -172,7 +174,7 @@ void dspark_kv_cache::seq_rm(int32_t seq, int32_t p0, int32_t p1) {
                 c.seq.reset(seq);
             }
             if (c.seq.none()) {
-                c.pos = -1;
+                c = dspark_kv_cell();
                 used--;
             }
         }
@@ -218,6 +220,45 @@ int32_t dspark_kv_cache::seq_pos_max(int32_t seq) const {
         }
     }
     return m;
+}
+
+int32_t dspark_kv_cache::seq_prefix(int32_t seq, const int32_t * tokens, int32_t n) const {
+    if (seq < 0 || seq >= DSPARK_MAX_SEQ || n <= 0) {
+        return 0;
+    }
+    std::vector<uint8_t> held(n, 0);  // position p holds tokens[p]
+    for (uint32_t i = 0; i < extent; ++i) {
+        const dspark_kv_cell & c = cells[i];
+        if (c.pos >= 0 && c.pos < n && c.seq.test(seq) && c.token >= 0 && c.token == tokens[c.pos]) {
+            held[c.pos] = 1;
+        }
+    }
+    int32_t k = 0;
+    while (k < n && held[k]) {
+        ++k;
+    }
+    return k;
+}
+
+bool dspark_kv_cache::seq_can_keep(int32_t seq, int32_t k) const {
+    if (k % DSPARK_KV_ALIGN == 0) {
+        return true;  // the continuation starts a block of its own
+    }
+    int64_t last = -1;  // the cell of position k - 1
+    for (uint32_t i = 0; i < extent && last < 0; ++i) {
+        last = cells[i].pos == k - 1 && cells[i].seq.test(seq) ? (int64_t) i : -1;
+    }
+    if (last < 0 || last % DSPARK_KV_ALIGN != (k - 1) % DSPARK_KV_ALIGN) {
+        return false;
+    }
+    // the rest of its block must be free once the sequence's positions k.. are removed
+    for (int64_t i = last + 1; i < (last / DSPARK_KV_ALIGN + 1) * DSPARK_KV_ALIGN && i < (int64_t) n_cells; ++i) {
+        const dspark_kv_cell & c = cells[i];
+        if (c.pos >= 0 && !(c.pos >= k && c.seq.test(seq) && c.seq.count() == 1)) {
+            return false;
+        }
+    }
+    return true;
 }
 
 int32_t dspark_kv_cache::seq_pos_min(int32_t seq) const {

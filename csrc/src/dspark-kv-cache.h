@@ -1,6 +1,8 @@
 // A KV cache of n_cells cells shared by up to n_seq_max sequences (one unified pool, as in
 // llama.cpp). A cell holds one position's K and V for every layer and the set of sequences that
-// own it; sequences sharing a prompt prefix share its cells (seq_cp copies no data).
+// own it; sequences sharing a prompt prefix share its cells (seq_cp copies no data). A cell also
+// records the token it holds, when known: a later request reuses a sequence's cells (prompt
+// caching) only as far as they hold exactly its prompt's tokens.
 //
 // Cell bookkeeping lives on the host; K and V live in backend tensors, one [n_embd_k, n_cells]
 // (resp. v) matrix per layer, written with ggml_set_rows at the cells chosen for a batch.
@@ -18,6 +20,7 @@ constexpr int DSPARK_KV_ALIGN = 64;  // a multiple of every SIMD width and accum
 
 struct dspark_kv_cell {
     int32_t                     pos = -1;  // -1: empty
+    int32_t                     token = -1;  // the token whose K/V (or features) it holds; -1: not known
     std::bitset<DSPARK_MAX_SEQ> seq;
 };
 
@@ -55,8 +58,10 @@ struct dspark_kv_cache {
     // same bit for bit whatever other sequences do. Only when no such cell is free is any taken.
     bool find_slots(uint32_t n, std::vector<int32_t> & out, const int32_t * seq = nullptr,
                     const int32_t * pos = nullptr) const;
-    // Mark the chosen cells as holding (pos[i], seq[i]); release() empties them again.
-    void commit(const std::vector<int32_t> & slots, const int32_t * pos, const int32_t * seq);
+    // Mark the chosen cells as holding (pos[i], seq[i]) of token[i] (null: tokens not known);
+    // release() empties them again.
+    void commit(const std::vector<int32_t> & slots, const int32_t * pos, const int32_t * seq,
+                const int32_t * token = nullptr);
     void release(const std::vector<int32_t> & slots);
 
     // Number of leading cells attention has to look at (last used cell + 1, padded).
@@ -75,6 +80,15 @@ struct dspark_kv_cache {
     void    clear();
     int32_t seq_pos_max(int32_t seq) const;  // -1 if empty
     int32_t seq_pos_min(int32_t seq) const;  // -1 if empty
+    // Prompt caching: k such that seq's cells hold tokens[0 .. k) at positions 0 .. k-1 (k <= n).
+    // A cell whose token is not known matches nothing.
+    int32_t seq_prefix(int32_t seq, const int32_t * tokens, int32_t n) const;
+    // Whether seq can keep positions 0 .. k-1 and continue at k in the same block of cells: the
+    // rest of that block is free once its positions k.. are removed (no other sequence's cells
+    // there, shared ones included). Else the continuation would split the block of
+    // DSPARK_KV_ALIGN positions across cells, and attention would accumulate it in another order
+    // than when the sequence is recomputed. True when k starts a block.
+    bool seq_can_keep(int32_t seq, int32_t k) const;
     uint32_t n_used() const { return used; }
 
   private:

@@ -22,6 +22,7 @@ struct dspark_seq_state {
     std::vector<dspark_token> tail;    // recent output, for stop sequences
     std::vector<float>        pending_feat;     // target features of committed positions not yet in the
     std::vector<dspark_pos>   pending_pos;      // draft cache: injected with the next proposal
+    std::vector<dspark_token> pending_tok;      // (and their tokens, which the draft's cells record)
     std::vector<dspark_token> new_tokens;       // committed by the last add / step
     std::vector<uint8_t>      new_from_draft;
     dspark_acceptance         acc;              // its recent acceptance by position (adaptive schedules)

@@ -902,6 +902,15 @@ int32_t dspark_engine_add(struct dspark_engine * e, dspark_seq_id seq_id, const 
     });
 }
 
+int32_t dspark_engine_cached_prefix(const struct dspark_engine * e, dspark_seq_id seq_id, const dspark_token * prompt,
+                                    int32_t n_prompt) {
+    if (!e) {
+        dspark_set_last_error("dspark_engine_cached_prefix: engine is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard_count<int32_t>([&]() { return e->cached_prefix(seq_id, prompt, n_prompt); });
+}
+
 int32_t dspark_engine_step(struct dspark_engine * e) {
     if (!e) {
         dspark_set_last_error("dspark_engine_step: engine is NULL");
@@ -961,6 +970,17 @@ int32_t dspark_engine_remove(struct dspark_engine * e, dspark_seq_id seq_id) {
     }
     return guard([&]() {
         e->remove(seq_id);
+        return DSPARK_STATUS_OK;
+    });
+}
+
+int32_t dspark_engine_detach(struct dspark_engine * e, dspark_seq_id seq_id) {
+    if (!e) {
+        dspark_set_last_error("dspark_engine_detach: engine is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard([&]() {
+        e->detach(seq_id);
         return DSPARK_STATUS_OK;
     });
 }

@@ -45,6 +45,7 @@ class SpecStats:
     t_draft_ms: float = 0.0
     t_verify_ms: float = 0.0
     t_host_ms: float = 0.0
+    n_cached: int = 0  # prompt tokens reused from the prompt cache (not prefilled)
 
     @property
     def acceptance_rate(self) -> float:
@@ -113,8 +114,10 @@ class Engine(NativeHandle):
         _lib.check(_lib.lib().dspark_engine_set_eog(self.handle, _lib.ffi().from_buffer("int32_t[]", a), len(a)))
 
     def add(self, seq_id: int, prompt: Sequence[int] | np.ndarray, sampling: SamplingParams | None = None,
-            stop_sequences: Sequence[Sequence[int]] = ()) -> list[int]:
-        """Start a sequence: prefill the prompt and return its first token(s)."""
+            stop_sequences: Sequence[Sequence[int]] = (), *, reuse_prefix: bool = False) -> list[int]:
+        """Start a sequence: prefill the prompt and return its first token(s). ``reuse_prefix``
+        (prompt caching): keep the cells ``seq_id`` holds of the prompt's longest prefix
+        (:meth:`cached_prefix`) and prefill only the rest; the output is the same either way."""
         sp = sampling or SamplingParams()
         lib, ffi = _lib.lib(), _lib.ffi()
         prompt_a = np.ascontiguousarray(prompt, dtype=np.int32).reshape(-1)
@@ -130,8 +133,17 @@ class Engine(NativeHandle):
         r.stop_tokens = ffi.from_buffer("int32_t[]", flat) if len(flat) else ffi.NULL
         r.stop_lens = ffi.from_buffer("int32_t[]", lens) if len(lens) else ffi.NULL
         r.n_stop = len(stops)
+        r.reuse_prefix = bool(reuse_prefix)
         _lib.check(lib.dspark_engine_add(self.handle, seq_id, r))
         return self.new_tokens(seq_id)[0]
+
+    def cached_prefix(self, seq_id: int, prompt: Sequence[int] | np.ndarray) -> int:
+        """How many leading tokens of ``prompt`` the cells of ``seq_id`` hold in both caches (what
+        :meth:`add` with reuse_prefix keeps); at most len(prompt) - 1."""
+        a = np.ascontiguousarray(prompt, dtype=np.int32).reshape(-1)
+        ffi = _lib.ffi()
+        buf = ffi.from_buffer("int32_t[]", a) if len(a) else ffi.NULL
+        return _lib.check(_lib.lib().dspark_engine_cached_prefix(self.handle, seq_id, buf, len(a)))
 
     def step(self) -> int:
         """One speculative step for every active sequence; returns how many are still active."""
@@ -163,7 +175,7 @@ class Engine(NativeHandle):
         n = max((i + 1 for i in range(_lib.lib().DSPARK_STATS_MAX_POS) if s.drafted_at[i]), default=0)
         return SpecStats(s.n_prompt, s.n_generated, s.n_steps, s.n_drafted, s.n_accepted,
                          [s.drafted_at[i] for i in range(n)], [s.accepted_at[i] for i in range(n)],
-                         s.t_prefill_ms, s.t_draft_ms, s.t_verify_ms, s.t_host_ms)
+                         s.t_prefill_ms, s.t_draft_ms, s.t_verify_ms, s.t_host_ms, s.n_cached)
 
     def set_abort_callback(self, callback: Any | None) -> None:
         """Call ``callback()`` during add/step computations; a true result stops the call with
@@ -179,6 +191,11 @@ class Engine(NativeHandle):
     def remove(self, seq_id: int) -> None:
         """Forget a sequence and free its cells in both caches."""
         _lib.check(_lib.lib().dspark_engine_remove(self.handle, seq_id))
+
+    def detach(self, seq_id: int) -> None:
+        """Forget a sequence but leave its cells in both caches, for a later :meth:`add` with
+        reuse_prefix (prompt caching); ``target.kv.seq_rm`` / ``draft.kv.seq_rm`` free them."""
+        _lib.check(_lib.lib().dspark_engine_detach(self.handle, seq_id))
 
     def generate(self, prompt: Sequence[int], sampling: SamplingParams | None = None, seq_id: int = 0) -> list[int]:
         """Generate one sequence to completion; returns the new tokens."""

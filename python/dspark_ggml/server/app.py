@@ -129,13 +129,13 @@ async def _generate(state: ServerState, request: Request, req: GenerationRequest
     prompts = await run_in_threadpool(prompt_tokens, llm, req)
     requests = choice_requests(llm, req, prompts)
     try:
-        submission = Submission(scheduler, requests, req.speculative)
+        submission = Submission(scheduler, requests, req.speculative, req.cache_prompt)
     except QueueFullError as e:
         raise unavailable(str(e)) from None
     method = "none" if req.speculative is not None and req.speculative.off else llm.method
     n_prompt, n_choices = sum(len(p) for p in prompts), len(requests)
     builder = ResponseBuilder(req.endpoint, state.config.model_id, method, n_prompt, state.fingerprint,
-                              req.include_usage)
+                              req.include_usage, req.n)
     response_obj = ResponseObject(state.config.model_id, method, n_prompt, echo) if echo is not None else None
     response: Response
     if req.stream:

@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="N", help=f"longest /v1/embeddings input in tokens: the size of the embeddings' "
                                      f"own context, created at the first request "
                                      f"(default: {DEFAULT_EMBEDDINGS_CTX})")
+    g.add_argument("--no-cache-prompt", dest="cache_prompt", action="store_false",
+                   help="no prompt cache: a request's KV cells are freed when it finishes and every request "
+                        "prefills its whole prompt (default: cached; a new request reuses the longest "
+                        "prefix of its prompt a finished one left, least recently used cells reclaimed first)")
     g.add_argument("-a", "--alias", metavar="NAME",
                    help="model name in /v1/models (default: the target's file name)")
     g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout, metavar="SECONDS",
@@ -64,7 +68,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         max_body_bytes=args.max_body_bytes, model_id=name, sampling=sampling_from_args(args),
                         shutdown_timeout=args.shutdown_timeout,
                         cors_origins=[o.strip() for o in args.cors_origins.split(",") if o.strip()],
-                        embeddings_n_ctx=args.embeddings_n_ctx)
+                        embeddings_n_ctx=args.embeddings_n_ctx, cache_prompt=args.cache_prompt)
 
 
 def run(args: argparse.Namespace) -> int:

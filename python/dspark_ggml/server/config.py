@@ -30,6 +30,9 @@ class ServerConfig:
             no CORS headers. Preflight requests (OPTIONS) need no API key; credentials are not allowed.
         embeddings_n_ctx: the longest /v1/embeddings input in tokens (the size of the embeddings'
             own context, created at the first such request).
+        cache_prompt: the prompt cache: a finished request's KV cells stay with its slot and a new
+            request reuses the longest prefix of its prompt found there (its ``cache_prompt`` field
+            can decline); False (``--no-cache-prompt``): every request prefills its whole prompt.
     """
 
     host: str = "127.0.0.1"
@@ -43,6 +46,7 @@ class ServerConfig:
     shutdown_timeout: float = 60.0
     cors_origins: list[str] = field(default_factory=list)
     embeddings_n_ctx: int = DEFAULT_EMBEDDINGS_CTX
+    cache_prompt: bool = True
 
     def validate(self) -> None:
         if not 1 <= self.n_slots <= 256:

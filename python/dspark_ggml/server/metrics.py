@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from ..engine import SpecStats
 
 PREFIX = "dspark"
-_TOKEN_COUNTERS = (("prompt", "prompt_tokens_total", "prompt tokens prefilled"),
+_TOKEN_COUNTERS = (("prompt", "prompt_tokens_total", "prompt tokens (the cached ones included)"),
+                   ("cached", "prompt_tokens_cached_total",
+                    "prompt tokens the prompt cache served: reused KV cells, not prefilled"),
                    ("generated", "generated_tokens_total", "tokens generated"),
                    ("drafted", "drafted_tokens_total", "draft tokens sent to verification"),
                    ("accepted", "accepted_tokens_total", "draft tokens the target accepted"),
@@ -30,7 +32,7 @@ class Metrics:
         self._requests: Counter[str] = Counter()   # by endpoint
         self._responses: Counter[int] = Counter()  # by HTTP status of the answers we chose
         self._finished: Counter[str] = Counter()   # sequences, by reason
-        self._tokens = Counter(prompt=0, generated=0, drafted=0, accepted=0, steps=0, embedded=0)
+        self._tokens = Counter(prompt=0, cached=0, generated=0, drafted=0, accepted=0, steps=0, embedded=0)
 
     # ---- recording (any thread) -------------------------------------------------------------------
 
@@ -48,7 +50,8 @@ class Metrics:
 
     def record_sequence(self, stats: SpecStats) -> None:
         with self._lock:
-            self._tokens.update(prompt=stats.n_prompt, generated=stats.n_generated, drafted=stats.n_drafted,
+            self._tokens.update(prompt=stats.n_prompt, cached=stats.n_cached, generated=stats.n_generated,
+                                drafted=stats.n_drafted,
                                 accepted=stats.n_accepted, steps=stats.n_steps)
 
     def record_embedding(self, n_tokens: int) -> None:

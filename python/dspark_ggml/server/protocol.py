@@ -45,6 +45,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     speculative: SpecOverride | None
+    cache_prompt: bool = True  # may reuse a cached prefix of its prompt (llama-server's field)
 
     @property
     def n_sequences(self) -> int:
@@ -276,7 +277,7 @@ def _generation(f: Fields, endpoint: str, prompts: list[Prompt] | None,
     include_usage = _include_usage(f)
     setting = with_ignore_eos(_speculative(f), f.boolean("ignore_eos", False))
     return GenerationRequest(endpoint, prompts, messages, _sampling(f, defaults, endpoint), _n(f, n_slots),
-                             stream, stream and include_usage, setting)
+                             stream, stream and include_usage, setting, f.boolean("cache_prompt", True))
 
 
 def _sampling(f: Fields, d: SamplingParams, endpoint: str) -> SamplingParams:

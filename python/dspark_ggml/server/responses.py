@@ -33,7 +33,7 @@ class ResponseBuilder:
     """Builds the objects of one request: same id, creation time and model in each of them."""
 
     def __init__(self, endpoint: str, model: str, method: str, n_prompt: int, fingerprint: str = "",
-                 include_usage: bool = False) -> None:
+                 include_usage: bool = False, n: int = 1) -> None:
         self.chat = endpoint == "chat.completions"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
@@ -42,6 +42,7 @@ class ResponseBuilder:
         self.n_prompt = n_prompt  # summed over the prompts
         self.fingerprint = fingerprint
         self.include_usage = include_usage
+        self.n = n  # choices per prompt
 
     # ---- whole responses --------------------------------------------------------------------------
 
@@ -90,8 +91,18 @@ class ResponseBuilder:
     def usage(self, choices: list[Choice]) -> dict[str, Any]:
         n_completion = sum(len(c.tokens) for c in choices)
         return {"usage": {"prompt_tokens": self.n_prompt, "completion_tokens": n_completion,
-                          "total_tokens": self.n_prompt + n_completion},
+                          "total_tokens": self.n_prompt + n_completion,
+                          "prompt_tokens_details": {"cached_tokens": self._cached(choices)}},
                 "speculative": speculative_stats(self.method, [c.stats for c in choices if c.stats])}
+
+    def _cached(self, choices: list[Choice]) -> int:
+        """Prompt tokens the prompt cache served: per prompt (prompt_tokens counts each once), what
+        the least served of its choices reused."""
+        per_prompt: dict[int, int] = {}
+        for c in choices:
+            n = c.stats.n_cached if c.stats else 0
+            per_prompt[c.index // self.n] = min(per_prompt.get(c.index // self.n, n), n)
+        return sum(per_prompt.values())
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,

@@ -45,7 +45,7 @@ class ResponseObject:
             if status == "incomplete":
                 incomplete = {"reason": "max_output_tokens"}
             n_out = len(choice.tokens)
-            usage = {"input_tokens": self.n_prompt, "input_tokens_details": {"cached_tokens": 0},
+            usage = {"input_tokens": self.n_prompt, "input_tokens_details": {"cached_tokens": choice.stats.n_cached if choice.stats else 0},
                      "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
                      "total_tokens": self.n_prompt + n_out}
             spec = speculative_stats(self.method, [choice.stats] if choice.stats else [])

@@ -2,8 +2,10 @@
 
 Continuous batching: a request's sequences wait in a bounded queue, take a free slot (an engine
 sequence id) at the next step boundary, and give it back when they finish or their client goes
-away. The loop is the only thread that touches the engines; it never holds the GIL while ggml
-computes (cffi releases it for each C call, and no Python callback runs inside a step).
+away. With the prompt cache (prompt_cache.py) a slot keeps its cells after its sequence leaves,
+and a new sequence goes to the slot holding the longest prefix of its prompt. The loop is the only
+thread that touches the engines; it never holds the GIL while ggml computes (cffi releases it for
+each C call, and no Python callback runs inside a step).
 
 Sequences reach their HTTP request through ``Job.deliver``, called on this thread with a
 GenerationChunk (its last one has finish_reason and stats) or a Failure; nothing follows either.
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..decode_loop import LiveSequence, Request, context_full_victim
 from ..errors import ContextFullError, DeviceLostError, DSparkError
+from .prompt_cache import PromptCache
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -52,6 +55,7 @@ class Job:
     request: Request
     speculative: SpecOverride | None
     deliver: Callable[[object], None]
+    cache_prompt: bool = True  # may reuse cached cells of its prompt (the request's cache_prompt)
     cancelled: bool = False
     finished: bool = False
 
@@ -76,15 +80,17 @@ class Scheduler:
         n_slots: engine sequences (the target context's n_seq_max or fewer).
         capacity: jobs admitted at once (running + waiting); submit() beyond it raises QueueFullError.
         metrics: counters updated as sequences finish.
+        cache: the prompt cache: where sequences go, and which idle cells make room (None: off).
     """
 
     def __init__(self, pool: EnginePool, tokenizer: Tokenizer | None, n_slots: int, capacity: int,
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, cache: PromptCache | None = None) -> None:
         self._pool = pool
         self._tokenizer = tokenizer
         self.n_slots = n_slots
         self._capacity = capacity
         self._metrics = metrics
+        self._cache = cache if cache is not None else PromptCache([], 0, enabled=False)
         self._cv = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._admitted = 0  # jobs submitted and not yet finished (waiting or running)
@@ -147,6 +153,10 @@ class Scheduler:
     def busy_slots(self) -> int:
         return len(self._slots)
 
+    @property
+    def cached_slots(self) -> int:
+        return self._cache.idle_slots
+
     # ---- the loop (engine thread) -----------------------------------------------------------------
 
     def _run(self) -> None:
@@ -203,7 +213,7 @@ class Scheduler:
             try:
                 engine = self._pool.acquire(job.speculative)
                 try:
-                    seq, tokens = LiveSequence.start(engine, job.request, self._free_slot(), self._tokenizer)
+                    seq, tokens = self._start(job, engine)
                 except BaseException:
                     self._pool.release(engine)  # the sequence never ran: the engine is not held
                     raise
@@ -221,13 +231,37 @@ class Scheduler:
             slot = self._slots[seq.seq_id] = _Slot(job, seq, engine)
             self._emit(slot, tokens, [False] * len(tokens))
 
+    def _start(self, job: Job, engine: Engine) -> tuple[LiveSequence, list[int]]:
+        """Prefill a job in the slot the prompt cache chooses; its first token(s). When the cells
+        run out, idle slots give theirs up (least recently used first) before ContextFullError."""
+        r = job.request
+        reuse = self._cache.enabled and job.cache_prompt
+        while True:
+            seq_id, n_cached = self._cache.choose(engine, r.prompt, self._free_slots(), reuse)
+            self._cache.make_room(len(r.prompt) - n_cached + engine.n_draft + 1, keep=seq_id)
+            seq = LiveSequence(r, seq_id, self._tokenizer)
+            try:
+                tokens = engine.add(seq_id, r.prompt, r.sampling, [[t] for t in r.stop_token_ids],
+                                    reuse_prefix=reuse)
+            except ContextFullError:
+                self._cache.take(seq_id)  # the failed add freed its cells
+                if not self._cache.reclaim():
+                    raise
+                continue
+            self._cache.take(seq_id)
+            return seq, tokens
+
     def _step_all(self) -> None:
         """One step of every engine that has sequences (several only with per-request overrides)."""
+        # room for every verify block first: a step that fails for want of cells is redone
+        self._cache.make_room(sum(s.engine.n_draft + 1 for s in self._slots.values()))
         for engine in {id(s.engine): s.engine for s in self._slots.values()}.values():
             slots = [s for s in self._slots.values() if s.engine is engine]
             try:
                 engine.step()
             except ContextFullError:
+                if self._cache.reclaim():
+                    continue  # idle cells freed: the next round steps it again
                 victim = self._slots[context_full_victim(s.seq for s in slots).seq_id]
                 self._finish(victim, victim.seq.last_chunk("context_full"))
                 continue
@@ -235,7 +269,7 @@ class Scheduler:
                 self._note_device_loss(e)
                 log.exception("engine step failed")
                 for slot in slots:
-                    self._release(slot)
+                    self._release(slot, keep_cells=False)
                     self._fail(slot.job, e)
                 continue
             for slot in slots:
@@ -257,10 +291,16 @@ class Scheduler:
         self._done(slot.job, chunk.finish_reason or "stop")
         slot.job.deliver(chunk)
 
-    def _release(self, slot: _Slot) -> GenerationStats:
-        """Free a running sequence's slot and KV cells; its counters go to the metrics."""
+    def _release(self, slot: _Slot, keep_cells: bool = True) -> GenerationStats:
+        """Free a running sequence's slot; its KV cells stay there for the prompt cache (unless it
+        is off, or the engine failed), its counters go to the metrics."""
+        stats = slot.seq.stats(slot.engine)
         try:
-            stats = slot.seq.close(slot.engine)
+            if keep_cells and self._cache.enabled:
+                slot.engine.detach(slot.seq_id)
+                self._cache.park(slot.seq_id)
+            else:
+                slot.engine.remove(slot.seq_id)
         finally:
             del self._slots[slot.seq_id]
             self._pool.release(slot.engine)
@@ -301,5 +341,5 @@ class Scheduler:
             if not job.finished:
                 self._fail(job, error)
 
-    def _free_slot(self) -> int:
-        return min(set(range(self.n_slots)) - set(self._slots))
+    def _free_slots(self) -> set[int]:
+        return set(range(self.n_slots)) - set(self._slots)

@@ -13,6 +13,7 @@ from .embeddings import Embedder
 from .engines import EnginePool
 from .errors import ApiError, unavailable
 from .metrics import Metrics
+from .prompt_cache import PromptCache
 from .scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -76,8 +77,10 @@ class ServerState:
             self.fingerprint = system_fingerprint(llm)
             self.embedder = Embedder(llm, self.config.embeddings_n_ctx)
             pool = EnginePool(llm)
+            caches = [llm.context.kv] + ([llm.draft_context.kv] if llm.draft_context is not None else [])
+            cache = PromptCache(caches, llm.n_ctx, self.config.cache_prompt)
             scheduler = Scheduler(pool, llm.tokenizer, self.config.n_slots, self.config.capacity,
-                                  self.metrics)
+                                  self.metrics, cache)
             scheduler.start()
         except BaseException as e:  # noqa: BLE001 (reported, then the server exits)
             self.load_error = e
@@ -105,6 +108,8 @@ class ServerState:
         s = self.scheduler
         return {"queue_depth": ("sequences waiting for a slot", lambda: s.queue_depth if s else 0),
                 "slots_busy": ("slots running a sequence", lambda: s.busy_slots if s else 0),
+                "slots_cached": ("idle slots whose KV cells stay for the prompt cache",
+                                 lambda: s.cached_slots if s else 0),
                 "slots": ("slots: sequences decoded at once (-np)", lambda: self.config.n_slots),
                 "ready": ("1 once the model is loaded", lambda: 1 if self.ready else 0)}
 

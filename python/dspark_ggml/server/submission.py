@@ -23,11 +23,11 @@ class Submission:
     """Submits a request's choices (all or none: QueueFullError) and yields their events."""
 
     def __init__(self, scheduler: Scheduler, requests: list[Request],
-                 speculative: SpecOverride | None) -> None:
+                 speculative: SpecOverride | None, cache_prompt: bool = True) -> None:
         self._scheduler = scheduler
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[GenerationChunk | Failure] = asyncio.Queue()
-        self.jobs = [Job(r, speculative, self._deliver) for r in requests]
+        self.jobs = [Job(r, speculative, self._deliver, cache_prompt) for r in requests]
         self._open = len(self.jobs)  # choices that have not sent their last event
         scheduler.submit(self.jobs)
 
