@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .errors import FileAccessError
 
-__all__ = ["PinnedModel", "SMOLLM2", "cache_dir", "fetch", "smollm2_path"]
+__all__ = ["PinnedModel", "SMOLLM2", "cache_dir", "fetch", "file_sha256", "smollm2_path"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ def cache_dir() -> Path:
     return Path(base) / "dspark-ggml"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in 1 MiB pieces."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -65,7 +66,7 @@ def _sha256(path: Path) -> str:
 
 
 def _verified(path: Path, model: PinnedModel) -> bool:
-    return path.is_file() and path.stat().st_size == model.size and _sha256(path) == model.sha256
+    return path.is_file() and path.stat().st_size == model.size and file_sha256(path) == model.sha256
 
 
 def fetch(model: PinnedModel = SMOLLM2, *, quiet: bool = False) -> Path:

