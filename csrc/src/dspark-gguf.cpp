@@ -42,11 +42,19 @@ dspark_gguf::dspark_gguf(const std::string & path_) : path(path_) {
     }
     file_size = (uint64_t) st.st_size;
     if (FILE * f = fopen(path.c_str(), "rb")) {
-        char magic[4] = {0};
-        const size_t n = fread(magic, 1, 4, f);
+        unsigned char head[8] = {0};
+        const size_t n = fread(head, 1, 8, f);
         fclose(f);
-        if (n < 4 || magic[0] != 'G' || magic[1] != 'G' || magic[2] != 'U' || magic[3] != 'F') {
+        if (n < 4 || head[0] != 'G' || head[1] != 'G' || head[2] != 'U' || head[3] != 'F') {
             dspark_throw(DSPARK_STATUS_BAD_FORMAT, "%s: not a GGUF file (bad magic)", path.c_str());
+        }
+        // A GGUF written for a big-endian host stores its version word (and every number) the
+        // other way round; ggml reads little-endian only, as llama.cpp does.
+        const uint32_t version_be = (uint32_t) head[4] << 24 | (uint32_t) head[5] << 16 | (uint32_t) head[6] << 8 | head[7];
+        if (n == 8 && version_be >= 1 && version_be <= 3) {
+            dspark_throw(DSPARK_STATUS_BAD_FORMAT,
+                         "%s: a big-endian GGUF file (version %u); only little-endian files are read "
+                         "(gguf-py's gguf_convert_endian converts it)", path.c_str(), version_be);
         }
     } else {
         dspark_throw(DSPARK_STATUS_IO, "%s: cannot open file for reading", path.c_str());

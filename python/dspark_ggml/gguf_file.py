@@ -17,6 +17,25 @@ _STRING, _ARRAY, _BOOL = 8, 9, 7
 _FLOATS = (6, 12)
 
 
+def decode_gguf_string(raw: bytes) -> str:
+    """GGUF strings are UTF-8; a vocabulary may hold pieces that are not (byte fragments): their
+    bytes stay recoverable through surrogateescape."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", errors="surrogateescape")
+
+
+def _string_array(handle: Any, i: int, n: int) -> list[str]:
+    # the hot loop of a vocabulary (150k entries): one C call and one decode per string
+    get, string = _lib.lib().dspark_gguf_get_arr_str, _lib.ffi().string
+    raw = [string(get(handle, i, j)) for j in range(n)]
+    try:
+        return [r.decode("utf-8") for r in raw]
+    except UnicodeDecodeError:
+        return [decode_gguf_string(r) for r in raw]
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """One entry of a GGUF tensor table. ``shape`` is in ggml order (fastest dimension first)."""
@@ -69,9 +88,15 @@ class GGUFFile(NativeHandle):
     def metadata(self) -> dict[str, Any]:
         """All key/value pairs; arrays of numbers come back as numpy arrays, strings as str."""
         if self._metadata is None:
-            n = _lib.lib().dspark_gguf_n_kv(self.handle)
-            self._metadata = {self._key(i): self._value(i) for i in range(n)}
+            self._metadata = self.read_metadata()
         return self._metadata
+
+    def read_metadata(self, prefix: str = "") -> dict[str, Any]:
+        """The key/value pairs whose key starts with ``prefix``; the values of the others are not
+        read (a tokenizer asks for "tokenizer." only)."""
+        n = _lib.lib().dspark_gguf_n_kv(self.handle)
+        keys = ((i, self._key(i)) for i in range(n))
+        return {key: self._value(i) for i, key in keys if key.startswith(prefix)}
 
     def get(self, key: str, default: Any = None) -> Any:
         """One value, looked up by the core (the other values, a tokenizer's vocabulary among
@@ -111,13 +136,13 @@ class GGUFFile(NativeHandle):
     # ---- values -------------------------------------------------------------------------------
 
     def _key(self, i: int) -> str:
-        return _lib.to_str(_lib.lib().dspark_gguf_key(self.handle, i)) or ""
+        return decode_gguf_string(_lib.ffi().string(_lib.lib().dspark_gguf_key(self.handle, i)))
 
     def _value(self, i: int) -> Any:
         lib, ffi = _lib.lib(), _lib.ffi()
         t = lib.dspark_gguf_kv_type(self.handle, i)
         if t == _STRING:
-            return _lib.to_str(lib.dspark_gguf_get_str(self.handle, i))
+            return decode_gguf_string(ffi.string(lib.dspark_gguf_get_str(self.handle, i)))
         if t == _ARRAY:
             return self._array(i)
         if t in _FLOATS:
@@ -133,8 +158,7 @@ class GGUFFile(NativeHandle):
         at = lib.dspark_gguf_arr_type(self.handle, i)
         n = lib.dspark_gguf_arr_n(self.handle, i)
         if at == _STRING:
-            get = lib.dspark_gguf_get_arr_str
-            return [ffi.string(get(self.handle, i, j)).decode("utf-8", "replace") for j in range(n)]
+            return _string_array(self.handle, i, n)
         dtype = _NUMPY_TYPES.get(at)
         if dtype is None:  # nested arrays: not used by any model we read
             return None

@@ -21,12 +21,12 @@ from .results import GenerationChunk, GenerationResult
 from .rpc import add_rpc_servers
 from .sampling import SamplingParams, with_options
 from .speculative import SpeculativeConfig, coerce_speculative, resolve_method
+from .tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from .sampling import SamplingOptions
-    from .tokenizer import Tokenizer
 
 Prompt = Union[str, Sequence[int]]
 Messages = Sequence[Mapping[str, Any]]
@@ -106,7 +106,7 @@ class LLM(Closing):
         try:
             add_rpc_servers(rpc_servers)
             self.model = self._keep(Model(model_path, device=device, use_mmap=use_mmap, tensor_split=tensor_split))
-            self.tokenizer = _load_tokenizer(os.fspath(model_path))
+            self.tokenizer = Tokenizer.from_gguf_if_any(os.fspath(model_path))
             self.draft_model = self._load_draft(draft_model_path, config, draft_device, use_mmap)
             kind = self.draft_model.info.kind if self.draft_model else None
             draft_name = None if draft_model_path is None else os.fspath(draft_model_path)
@@ -389,13 +389,3 @@ def load(model_path: str | os.PathLike[str], draft_model_path: str | os.PathLike
          **kwargs: Any) -> LLM:
     """``LLM(model_path, draft_model_path=draft_model_path, **kwargs)``: see :class:`LLM`."""
     return LLM(model_path, draft_model_path=draft_model_path, **kwargs)
-
-
-def _load_tokenizer(path: str) -> Tokenizer | None:
-    """The GGUF's tokenizer, or None when it carries none (token-id-only use)."""
-    from .tokenizer import Tokenizer, read_gguf_metadata
-
-    meta = read_gguf_metadata(path, prefix="tokenizer.")
-    if "tokenizer.ggml.model" not in meta:
-        return None
-    return Tokenizer.from_metadata(meta)

@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Sequence
 import numpy as np
 
 from .errors import FileAccessError, FileFormatError, InvalidArgumentError
+from .tokenizer import Tokenizer
 
 BASE_MAGIC = b"_logits_"
 _HEADER = struct.Struct("<8siii")        # magic, n_ctx, n_vocab, n_chunk
@@ -124,13 +125,6 @@ def _bos_of(tokenizer: Any) -> int | None:
     return int(tokenizer.bos_id)
 
 
-def _load_tokenizer(model_path: str) -> Any:
-    from .tokenizer import Tokenizer, read_gguf_metadata
-
-    meta = read_gguf_metadata(model_path, prefix="tokenizer.")
-    if "tokenizer.ggml.model" not in meta:
-        return None
-    return Tokenizer.from_metadata(meta)
 
 
 # ---- log-softmax and the compressed rows ---------------------------------------------------------
@@ -691,7 +685,7 @@ def _resolve_bos(bos: Any, model: Any) -> tuple[int | None, Any]:
     """(BOS id or None, tokenizer or None): "auto" asks the model's tokenizer."""
     if bos != "auto":
         return (None if bos is None else int(bos)), None
-    tok = _load_tokenizer(model.path)
+    tok = Tokenizer.from_gguf_if_any(model.path)
     return _bos_of(tok), tok
 
 
@@ -701,7 +695,7 @@ def _tokens_of(model: Any, text: str | None, tokens: Any, tokenizer: Any) -> np.
     if tokens is not None:
         return np.asarray(tokens, dtype=np.int32).reshape(-1)
     if tokenizer is None:
-        tokenizer = _load_tokenizer(model.path)
+        tokenizer = Tokenizer.from_gguf_if_any(model.path)
         if tokenizer is None:
             raise InvalidArgumentError(f"{model.path} has no tokenizer: pass token ids")
     return tokenize(tokenizer, text)  # type: ignore[arg-type]

@@ -44,6 +44,12 @@ class Tokenizer:
         """Build from the `tokenizer.*` metadata of the GGUF file at `path`."""
         return cls.from_metadata(read_gguf_metadata(path, prefix="tokenizer."))
 
+    @classmethod
+    def from_gguf_if_any(cls, path: str | os.PathLike[str]) -> "Tokenizer | None":
+        """The GGUF's tokenizer, or None when the file carries none (a model used by token ids)."""
+        meta = read_gguf_metadata(path, prefix="tokenizer.")
+        return cls.from_metadata(meta) if "tokenizer.ggml.model" in meta else None
+
     # -- properties ---------------------------------------------------------------------
 
     @property
