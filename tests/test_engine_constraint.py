@@ -11,7 +11,8 @@ from dspark_ggml.errors import ConstraintError
 from dspark_ggml.sampling import SamplingParams
 from tests.test_engine import PROMPTS, V, _bigram_draft, _chi2_same_distribution, _engine
 from tests.test_engine_adjust import run_engine
-from tests.tiny_models import write_id_target
+from tests.gguf_edit import rewrite_gguf
+from tests.tiny_models import DraftConfig, write_draft, write_id_target
 
 EOS = 0
 
@@ -20,7 +21,22 @@ EOS = 0
 def pair(tmp_path_factory):
     d = tmp_path_factory.mktemp("constraint")
     tcfg, target = write_id_target(d, V, n_layer=3)
-    return target, DraftModel(_bigram_draft(d, target, tcfg), target)
+    return target, DraftModel(_bigram_draft(d, target, tcfg), target), DraftModel(_soft_draft(d, tcfg), target)
+
+
+SOFT = (1, 8, 0, 20)  # the soft draft's favourites: two the test bans, two the target likes
+
+
+def _soft_draft(d, tcfg):
+    """A DSpark draft whose every slot samples from one spread distribution (a Markov bias of 4 on
+    SOFT over a zero lm head): at temperature 2, q(SOFT) ~ 15% each, ~2% for the others."""
+    src = d / "soft_src.gguf"
+    write_draft(src, DraftConfig(block_size=6, markov_rank=V, own_head=True), tcfg, seed=3)
+    w2 = np.zeros((V, V), np.float32)
+    w2[list(SOFT), :] = 4.0
+    return rewrite_gguf(src, d / "soft.gguf", tensors={
+        "markov_w1.weight": np.eye(V, dtype=np.float32), "markov_w2.weight": w2,
+        "output.weight": np.zeros((V, 64), np.float32)})
 
 
 def _row(allowed) -> np.ndarray:
@@ -81,7 +97,7 @@ SETS = {"low": range(0, 12), "odd": [1, 3, 5, 7, 9, 11, 13, 15, 17], "most": [t 
 
 @pytest.mark.parametrize("name", sorted(SETS))
 def test_greedy_constrained_output_is_lossless_and_allowed(pair, name):
-    target, draft = pair
+    target, draft = pair[:2]
     sp = SamplingParams(max_tokens=40)
     ref_c = OnlySet(SETS[name])
     ref = _generate(_engine(target), PROMPTS[0], sp, ref_c)
@@ -102,7 +118,7 @@ def test_greedy_constrained_output_is_lossless_and_allowed(pair, name):
 
 def test_digits_then_eos(pair):
     """A grammar that ends the output: the engine's end-of-generation token is forced."""
-    target, draft = pair
+    target, draft = pair[:2]
     for d in (None, draft):
         eng = _engine(target, d)
         eng.set_eog([EOS])
@@ -113,7 +129,7 @@ def test_digits_then_eos(pair):
 
 
 def test_seeded_sampling_with_a_constraint_is_the_same_with_the_draft(pair):
-    target, draft = pair
+    target, draft = pair[:2]
     sp = SamplingParams(temperature=1.0, seed=9, max_tokens=40, logprobs=1)
     ref_c = OnlySet(SETS["most"])
     eng = _engine(target)
@@ -131,7 +147,7 @@ def _marginals(target, draft, seeds, allowed, mode, n_pos=3, n_seq=32):
     for start in range(0, len(seeds), n_seq):
         batch = seeds[start:start + n_seq]
         cs = {s: OnlySet(allowed) for s in range(len(batch))}
-        outs = {s: list(eng.add(s, prompt, SamplingParams(temperature=1.0, max_tokens=n_pos, seed=int(seed)),
+        outs = {s: list(eng.add(s, prompt, SamplingParams(temperature=2.0, max_tokens=n_pos, seed=int(seed)),
                                 constraint=cs[s])) for s, seed in enumerate(batch)}
         while any(eng.status(s) == "active" for s in outs):
             eng.step()
@@ -147,10 +163,11 @@ def _marginals(target, draft, seeds, allowed, mode, n_pos=3, n_seq=32):
 
 def test_probabilistic_drafting_under_a_constraint_keeps_the_distribution(pair):
     """A sampled draft token the grammar bans is a certain rejection: the cut block emits a draw of
-    the residual at that slot, so the output keeps the constrained target distribution."""
-    target, draft = pair
-    allowed = [t for t in range(V) if t not in (1, 8)]  # the draft's favourite continuation, banned
-    n = 3000
+    the residual at that slot, so the output keeps the constrained target distribution (at
+    temperature 2 p is spread, and the residual differs from p where q is large)."""
+    target, draft = pair[0], pair[2]
+    allowed = [t for t in range(V) if t not in (1, 8)]  # two of the draft's favourites, banned
+    n = 20000  # at this size, sampling p instead of the residual at a cut slot gives p < 1e-20
     ref, _, _ = _marginals(target, None, np.arange(n) + 10**6, allowed, "greedy")
     spec, st, cut = _marginals(target, draft, np.arange(n), allowed, "probabilistic")
     assert cut > 100 and st.n_accepted > 0
@@ -162,7 +179,7 @@ def test_probabilistic_drafting_under_a_constraint_keeps_the_distribution(pair):
 # ---- failures -----------------------------------------------------------------------------------------------
 
 def test_a_failing_mask_callback_at_add_is_a_clean_error(pair):
-    target, draft = pair
+    target, draft = pair[:2]
     eng = _engine(target, draft)
     c = OnlySet(SETS["low"])
     c.fail_masks_at = 0
@@ -177,7 +194,7 @@ def test_a_failing_mask_callback_at_add_is_a_clean_error(pair):
 def test_a_failing_mask_callback_in_a_step_fails_that_step_only(pair):
     """The masks are asked before the verify: the failed step commits nothing, and the next
     steps go on as if it had not run."""
-    target, draft = pair
+    target, draft = pair[:2]
     sp = SamplingParams(max_tokens=30)
     ref = _generate(_engine(target), PROMPTS[0], sp, OnlySet(SETS["most"]))
     eng = _engine(target, draft)
@@ -197,7 +214,7 @@ def test_a_failing_mask_callback_in_a_step_fails_that_step_only(pair):
 
 
 def test_a_failing_commit_callback_fails_the_step_and_the_engine_goes_on(pair):
-    target, draft = pair
+    target, draft = pair[:2]
     eng = _engine(target, draft, n_seq=2)
     bad = OnlySet(SETS["low"])
     bad.fail_commit_at = 4
