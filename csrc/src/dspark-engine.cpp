@@ -309,6 +309,7 @@ int32_t dspark_engine::run(int32_t max_steps) {
 }
 
 int32_t dspark_engine::step_once() {
+    failed_commit.clear();  // (a step that threw earlier left nothing to report here)
     std::vector<plan> plans;
     for (auto & kv : seqs) {
         dspark_seq_state & s = kv.second;

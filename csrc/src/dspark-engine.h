@@ -8,7 +8,10 @@
 // The engine is the step loop; its parts live with what they are about: a sequence's request,
 // limits and counters (dspark-sequence.h), the acceptance rules (dspark-acceptance.h), the block
 // length schedules with their cost calibration and the confidence cut (dspark-block-schedule.h,
-// dspark-cost-curve.h), the sampler (dspark-sampler.h).
+// dspark-cost-curve.h), the sampler (dspark-sampler.h), a request's adjustment of the logits —
+// logit bias, penalties, a constraint's masks, one row per verify row (dspark-adjust.h) — and
+// the logprobs of committed tokens (dspark-logprobs.h). A sequence with an adjustment or logprobs
+// samples its verify batch on the host (its rows' logits are read back); the others pay nothing.
 #pragma once
 
 #include "dspark.h"
