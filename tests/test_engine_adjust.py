@@ -115,16 +115,35 @@ def test_greedy_with_fields_matches_the_numpy_reference_with_and_without_the_dra
 
 
 @pytest.mark.parametrize("backend", [False, True, "auto"])
+@pytest.mark.parametrize("name", ["bias", "presence+frequency"])
+def test_additive_fields_sample_in_the_graph_or_on_the_host_alike(pair, name, backend):
+    """Without logprobs or a repeat penalty the adjustment is additive: an in-graph sampler takes
+    it as an input (backend True, or "auto" with greedy rows), with the same tokens."""
+    target, drafts = pair
+    sp = SamplingParams(max_tokens=40, **FIELDS[name])
+    ref, _ = ref_greedy(target, PROMPTS[2], sp)
+    eng = _engine(target, drafts["bigram"], backend_sampling=backend)
+    assert run_engine(eng, [(PROMPTS[2], sp)])[0][0] == ref
+    sampled = SamplingParams(max_tokens=30, temperature=0.9, top_k=10, seed=4, **FIELDS[name])
+    host = run_engine(_engine(target), [(PROMPTS[1], sampled)])[0]
+    assert run_engine(_engine(target, drafts["bigram"], backend_sampling=backend), [(PROMPTS[1], sampled)])[0] == host
+
+
+@pytest.mark.parametrize("backend", [False, True, "auto"])
 def test_batches_mixing_plain_and_adjusted_sequences(pair, backend):
     """A sequence with fields samples on the host; its batch mates keep their own output."""
     target, drafts = pair
     plain = SamplingParams(max_tokens=25)
     fields = SamplingParams(max_tokens=25, **FIELDS["all"])
     sampled = SamplingParams(max_tokens=25, temperature=0.8, top_k=8, seed=5)
-    jobs = [(PROMPTS[0], plain), (PROMPTS[1], fields), (PROMPTS[2], sampled), (PROMPTS[0], fields)]
+    additive = SamplingParams(max_tokens=25, **FIELDS["bias"])
+    jobs = [(PROMPTS[0], plain), (PROMPTS[1], fields), (PROMPTS[2], sampled), (PROMPTS[0], fields),
+            (PROMPTS[2], additive)]
     alone = [run_engine(_engine(target), [job])[0][0] for job in jobs]
-    eng = _engine(target, drafts["bigram"], n_seq=4, backend_sampling=backend)
+    eng = _engine(target, drafts["bigram"], n_seq=5, backend_sampling=backend)
     assert run_engine(eng, jobs)[0] == alone
+    eng = _engine(target, drafts["bigram"], n_seq=3, backend_sampling=backend)  # plain and additive only
+    assert run_engine(eng, [jobs[0], jobs[2], jobs[4]])[0] == [alone[0], alone[2], alone[4]]
     assert alone[1] == ref_greedy(target, PROMPTS[1], fields)[0]
 
 

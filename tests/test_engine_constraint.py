@@ -139,8 +139,8 @@ def test_seeded_sampling_with_a_constraint_is_the_same_with_the_draft(pair):
         assert _generate(_engine(target, draft, backend_sampling=backend), PROMPTS[2], sp, c) == ref
 
 
-def _marginals(target, draft, seeds, allowed, mode, n_pos=3, n_seq=32):
-    eng = _engine(target, draft, n_seq=n_seq, n_ctx=n_seq * 48, draft_mode=mode)
+def _marginals(target, draft, seeds, allowed, mode, n_pos=3, n_seq=32, backend="auto"):
+    eng = _engine(target, draft, n_seq=n_seq, n_ctx=n_seq * 48, draft_mode=mode, backend_sampling=backend)
     counts = np.zeros((n_pos, V), dtype=np.int64)
     prompt = PROMPTS[0] + [21, 17, 1, 16, 8, 1, 16, 8]
     cut = 0
@@ -161,15 +161,17 @@ def _marginals(target, draft, seeds, allowed, mode, n_pos=3, n_seq=32):
     return counts, eng.stats(), cut
 
 
-def test_probabilistic_drafting_under_a_constraint_keeps_the_distribution(pair):
+@pytest.mark.parametrize("backend", ["auto", True])
+def test_probabilistic_drafting_under_a_constraint_keeps_the_distribution(pair, backend):
     """A sampled draft token the grammar bans is a certain rejection: the cut block emits a draw of
     the residual at that slot, so the output keeps the constrained target distribution (at
-    temperature 2 p is spread, and the residual differs from p where q is large)."""
+    temperature 2 p is spread, and the residual differs from p where q is large). backend True:
+    the masks go into the verify graph's sampler, p of the cut slot comes from its kept row."""
     target, draft = pair[0], pair[2]
     allowed = [t for t in range(V) if t not in (1, 8)]  # two of the draft's favourites, banned
     n = 20000  # at this size, sampling p instead of the residual at a cut slot gives p < 1e-20
     ref, _, _ = _marginals(target, None, np.arange(n) + 10**6, allowed, "greedy")
-    spec, st, cut = _marginals(target, draft, np.arange(n), allowed, "probabilistic")
+    spec, st, cut = _marginals(target, draft, np.arange(n), allowed, "probabilistic", backend=backend)
     assert cut > 100 and st.n_accepted > 0
     for pos in range(ref.shape[0]):
         assert ref[pos][[1, 8]].sum() == 0 and spec[pos][[1, 8]].sum() == 0
