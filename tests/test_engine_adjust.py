@@ -230,6 +230,21 @@ def test_prompt_logprobs_are_the_plain_log_softmax_of_the_rows_before(pair):
     assert eng.new_logprobs(0) == []  # logprobs not asked for
 
 
+def test_prompt_logprobs_of_a_prompt_longer_than_the_outputs_of_one_batch(pair):
+    """The prefill outputs every row in chunks of at most n_outputs_max rows."""
+    from dspark_ggml.engine import Engine
+
+    target, _ = pair
+    prompt = (PROMPTS[2] + PROMPTS[0] + PROMPTS[1]) * 2
+    sp = SamplingParams(max_tokens=4, prompt_logprobs=1)
+    ref = _engine(target)
+    ref.add(0, prompt, sp)
+    small = Engine(Context(target, n_ctx=256, n_batch=64, n_outputs_max_per_seq=4, type_kv="f32", n_threads=1))
+    assert small.add(0, prompt, sp) == ref.new_tokens(0)[0]
+    got, want = small.prompt_logprobs(0, prompt), ref.prompt_logprobs(0, prompt)
+    assert [(e.logprob, e.top) for e in got[1:]] == [(e.logprob, e.top) for e in want[1:]]
+
+
 def test_prompt_logprobs_skip_the_prompt_cache(pair):
     target, _ = pair
     eng = _engine(target)

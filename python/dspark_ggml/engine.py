@@ -153,11 +153,19 @@ class Engine(NativeHandle):
         binding = ConstraintBinding(constraint) if constraint is not None else None
         if binding is not None:
             r.constraint = binding.c
-        self._params[seq_id] = sp
-        self._constraints.pop(seq_id, None)
+        # the new callbacks must be findable while add runs (a failure in them); the old ones go
+        # once the new request replaced the old sequence
+        old = self._constraints.pop(seq_id, None), self._params.get(seq_id)
         if binding is not None:
             self._constraints[seq_id] = binding
-        self._checked(lib.dspark_engine_add(self.handle, seq_id, r))
+        try:
+            self._checked(lib.dspark_engine_add(self.handle, seq_id, r))
+        except BaseException:
+            self._constraints.pop(seq_id, None)
+            if old[0] is not None:  # a refused request leaves the old sequence as it was
+                self._constraints[seq_id] = old[0]
+            raise
+        self._params[seq_id] = sp
         return self.new_tokens(seq_id)[0]
 
     def _checked(self, status: int) -> int:
