@@ -8,7 +8,11 @@
 // The engine is the step loop; its parts live with what they are about: a sequence's request,
 // limits and counters (dspark-sequence.h), the acceptance rules (dspark-acceptance.h), the block
 // length schedules with their cost calibration and the confidence cut (dspark-block-schedule.h,
-// dspark-cost-curve.h), the sampler (dspark-sampler.h).
+// dspark-cost-curve.h), the sampler (dspark-sampler.h), a request's adjustment of the logits —
+// logit bias, penalties, a constraint's masks, one row per verify row (dspark-adjust.h) — and
+// the logprobs of committed tokens (dspark-logprobs.h). A sequence with logprobs or a repeat
+// penalty samples its verify batch on the host (its rows' logits are read back); its other
+// adjustments are additive and go into an in-graph sampler as an input; the others pay nothing.
 #pragma once
 
 #include "dspark.h"
@@ -21,6 +25,7 @@
 
 #include <chrono>
 #include <map>
+#include <string>
 #include <vector>
 
 using clock_t_point = std::chrono::steady_clock::time_point;
@@ -61,7 +66,9 @@ struct dspark_engine {
 
   private:
     void    check_seq_id(int32_t seq_id) const;
-    void    prefill(int32_t seq_id, const dspark_request & req, int32_t from);
+    int32_t prefill(dspark_seq_state & s, const dspark_request & req, int32_t from);  // the last row's index
+    dspark_token first_token(dspark_seq_state & s, const float * logits);
+    std::string failed_commit;  // a constraint's commit failure in this step (thrown at its end)
     void    clear_new_tokens();
     int32_t step_once();  // one step, adding to each sequence's new tokens; returns the active count
     struct plan : dspark_verify_block {  // one sequence's part of a step
@@ -75,9 +82,11 @@ struct dspark_engine {
         bool steady = false;  // it injected no more than a step's rows (no catching up)
     };
     drafted draft_blocks(std::vector<plan> & plans, int k_greedy);
+    void constrain_drafts(std::vector<plan> & plans);
     void verify(std::vector<plan> & plans);
     double verify_chunk(std::vector<plan> & plans, size_t begin, size_t end);
     bool   in_graph_sampling(const std::vector<plan> & plans, size_t begin, size_t end) const;
+    void   adjust_rows(const std::vector<plan> & plans, size_t begin, size_t end, dspark_sampler_rows & rows) const;
     void commit(plan & p, const std::vector<dspark_token> & out, int n_drafted_accepted);
     int    draft_budget(const dspark_seq_state & s) const;
 };

@@ -55,6 +55,16 @@ class AbortedError(DSparkError):
     """The computation was stopped by the abort callback (e.g. Ctrl-C)."""
 
 
+class ConstraintError(DSparkError):
+    """A token constraint's callback (a grammar engine) raised or returned an error; the exception
+    it raised is the __cause__ and ``seq_id`` the sequence whose constraint it was. A failing
+    ``fill_masks`` fails its add / step before anything is committed (the next step goes on as if
+    it had not run); a failing ``commit`` fails the step after it committed (its tokens can be
+    read)."""
+
+    seq_id: int = -1
+
+
 class DeviceLostError(DSparkError, ConnectionError):
     """A device stopped answering (an RPC server died or dropped the connection): what was placed on
     it cannot be used any more; models and contexts elsewhere keep working."""
