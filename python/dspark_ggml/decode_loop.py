@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from .engine import Engine
 from .errors import AbortedError, ContextFullError
@@ -24,13 +24,15 @@ if TYPE_CHECKING:
 
 @dataclass
 class Request:
-    """One prompt to generate from. ``index`` is echoed in its chunks."""
+    """One prompt to generate from. ``index`` is echoed in its chunks; ``constraint``: its own grammar
+    state (structured.GrammarConstraint) when the sampling asks for structured output."""
 
     prompt: list[int]
     sampling: SamplingParams
     stop_texts: list[str]
     stop_token_ids: list[int]
     index: int = 0
+    constraint: Any = None
 
 
 class LiveSequence:

@@ -109,10 +109,37 @@ class CompletionStream:
         out = []
         if first and b.chat:
             out.append(event(b.chunk(choice.index, "", first=True)))
-        if chunk.text:
-            out.append(event(b.chunk(choice.index, chunk.text)))
+        text = b.echo_text(choice.index) + chunk.text if first and not b.chat else chunk.text
+        logprobs = self._logprobs(chunk, choice, text)
+        if b.extras.tools is not None:
+            text = ""  # held back: the calls are parsed from the whole answer at its end
+        if text or logprobs is not None:
+            out.append(event(b.chunk(choice.index, text, logprobs=logprobs)))
         if chunk.finish_reason is not None:
-            out.append(event(b.chunk(choice.index, "", chunk.finish_reason, stats=choice.stats)))
+            out += self._last(choice, chunk.finish_reason)
+        return out
+
+    def _logprobs(self, chunk: GenerationChunk, choice: Choice, text: str) -> dict[str, Any] | None:
+        """The logprobs object of a chunk's tokens (None: not asked for, or no tokens)."""
+        b = self.builder
+        entries = chunk_logprobs(chunk)
+        offset, choice.n_chars = choice.n_chars, choice.n_chars + len(text)
+        if not entries:
+            return None
+        return b.chat_logprobs(entries) if b.chat else b.completion_chunk_logprobs(choice, entries, offset)
+
+    def _last(self, choice: Choice, finish_reason: str) -> list[bytes]:
+        """The finish chunk; with tools, first the answer held back, as text and tool calls."""
+        b = self.builder
+        out = []
+        calls = None
+        if b.extras.tools is not None:
+            calls = b.tool_calls(choice)
+            content = calls.content if calls is not None else "".join(choice.text)
+            if content:
+                out.append(event(b.chunk(choice.index, content)))
+        out.append(event(b.chunk(choice.index, "", finish_reason, stats=choice.stats,
+                                 tool_calls=calls.calls if calls is not None else None)))
         return out
 
     def closing(self, choices: list[Choice]) -> list[bytes]:
@@ -126,6 +153,15 @@ class CompletionStream:
 def _add(choice: Choice, chunk: GenerationChunk) -> None:
     choice.text.append(chunk.text)
     choice.tokens += chunk.tokens
+    choice.logprobs += chunk_logprobs(chunk)
+    prompt_logprobs = getattr(chunk, "prompt_logprobs", None)
+    if prompt_logprobs is not None:
+        choice.prompt_logprobs = prompt_logprobs
+
+
+def chunk_logprobs(chunk: GenerationChunk) -> list[Any]:
+    """The logprobs of a chunk's text tokens ([] when the request did not ask for them)."""
+    return list(getattr(chunk, "logprobs", None) or [])
     if chunk.finish_reason is not None:
         choice.finish_reason, choice.stats = chunk.finish_reason, chunk.stats
 

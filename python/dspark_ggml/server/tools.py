@@ -123,7 +123,7 @@ def with_tools(messages: list[dict[str, Any]], choice: ToolChoice) -> list[dict[
     """The messages with the tools' system prompt first (merged into a system message there),
     and earlier assistant tool calls written in the call format the model is asked to use."""
     prompt = tools_system_prompt(choice)
-    out = [_as_text(m) for m in messages]
+    out = as_plain_messages(messages)
     if out and out[0]["role"] in ("system", "developer"):
         out[0] = {**out[0], "role": "system", "content": f"{out[0]['content']}\n\n{prompt}".lstrip()}
     else:
@@ -131,10 +131,16 @@ def with_tools(messages: list[dict[str, Any]], choice: ToolChoice) -> list[dict[
     return out
 
 
+def as_plain_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages for a template that knows no tools: earlier calls and results written as text."""
+    return [_as_text(m) for m in messages]
+
+
 def _as_text(m: dict[str, Any]) -> dict[str, Any]:
     calls = m.get("tool_calls")
     if m["role"] == "assistant" and calls:
-        text = "".join(f"{OPEN}\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]},
+        text = "".join(f"{OPEN}\n" + json.dumps({"name": c["function"]["name"],
+                                                   "arguments": c["function"]["arguments"]},
                                                   ensure_ascii=False) + f"\n{CLOSE}\n" for c in calls)
         return {"role": "assistant", "content": (m.get("content") or "") + text}
     if m["role"] == "tool":
