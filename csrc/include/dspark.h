@@ -509,7 +509,49 @@ struct dspark_request {
     bool                 reuse_prefix; /* prompt caching: keep the cells this sequence id already holds of the
                                           prompt's longest prefix (dspark_engine_cached_prefix) and prefill
                                           only the rest; false: prefill all of it */
+    /* Issue 24: the request's own sampler fields (all zero = off: the sequence pays nothing for them).
+     * The sampler chain sees the ADJUSTED logits: logits + logit_bias, then the penalties, then the
+     * constraint's bans (-inf). Penalties follow llama.cpp's: over the last penalty_last_n tokens of
+     * prompt + output (each verify row counts the draft tokens before it), a token seen `count` times
+     * gets logit > 0 ? logit / repeat : logit * repeat, then -= count * frequency + presence. */
+    const struct dspark_logit_bias * logit_bias;  /* token ids in the vocabulary; bias finite or -inf (bans) */
+    int32_t              n_logit_bias;
+    float                presence_penalty;   /* OpenAI range [-2, 2] */
+    float                frequency_penalty;  /* OpenAI range [-2, 2] */
+    float                repeat_penalty;     /* > 0; 0 or 1 = off */
+    int32_t              penalty_last_n;     /* the penalties' window; 0 = off, -1 = the whole context */
+    /* Logprobs of every committed token (dspark_engine_get_logprobs): log of its probability in the
+     * distribution it was drawn from (adjusted logits, filters, temperature; a greedy request: the
+     * softmax at temperature 1 of the adjusted logits), and the top_logprobs most probable tokens of
+     * it (0 .. 20; descending, ties by id). The same with and without a draft. A sequence asking for
+     * them makes its verify batch sample on the host. */
+    bool                 logprobs;
+    int32_t              top_logprobs;
+    bool                 prompt_logprobs;    /* also those of prompt tokens 1 .. n-1 at prefill (no prefix reuse) */
+    const struct dspark_constraint * constraint;  /* NULL = none; must outlive the sequence */
 };
+
+/* One entry of a request's logit bias. */
+struct dspark_logit_bias {
+    dspark_token token;
+    float        bias;  /* added to the token's logit; -inf bans it */
+};
+
+/* A grammar behind callbacks (structured output). Masks are over the TARGET's vocabulary,
+ * n_words = ceil(n_vocab / 32) uint32 words per row, bit (t % 32) of word t / 32 set = t allowed. */
+struct dspark_constraint {
+    /* Fill rows 0 .. n_tokens of masks ([n_tokens + 1][n_words]): row i is the state after the
+     * committed tokens plus tokens[0 .. i). Row i + 1 is filled only if row i allows tokens[i].
+     * Returns the rows filled (1 .. n_tokens + 1), or < 0 on error (the step fails). The engine
+     * asks masks(NULL, 0) at prefill and masks(draft, k) before each verify: returning r rows cuts
+     * the draft to r - 1 tokens (a drafted token the grammar rejects is never verified). */
+    int32_t (*masks)(void * user_data, const dspark_token * tokens, int32_t n_tokens, uint32_t * masks, int32_t n_words);
+    /* The tokens the engine committed (prefill's first, then each step's), in order; < 0 = error. */
+    int32_t (*commit)(void * user_data, const dspark_token * tokens, int32_t n_tokens);
+    void *   user_data;
+};
+
+#define DSPARK_MAX_TOP_LOGPROBS 20
 
 #define DSPARK_STATS_MAX_POS 64
 
@@ -564,6 +606,17 @@ DSPARK_API int32_t dspark_engine_run(struct dspark_engine * engine, int32_t max_
  * until the next add/step/run. Returns their count. */
 DSPARK_API int32_t dspark_engine_get_tokens(const struct dspark_engine * engine, dspark_seq_id seq_id,
                                             const dspark_token ** tokens, const uint8_t ** from_draft);
+/* Logprobs of the tokens the last add/step/run committed for seq_id (aligned with dspark_engine_get_tokens),
+ * for a request with logprobs: logprob[n], top_ids[n][*top], top_logprobs[n][*top] (*top = the request's
+ * top_logprobs); valid until the next add/step/run. Returns n (0 for a request without logprobs), or < 0.
+ * Any output pointer may be NULL. */
+DSPARK_API int32_t dspark_engine_get_logprobs(const struct dspark_engine * engine, dspark_seq_id seq_id, const float ** logprob,
+                                              const dspark_token ** top_ids, const float ** top_logprobs, int32_t * top);
+/* Prompt logprobs of a prompt_logprobs request, after add until the sequence is removed: n_prompt - 1
+ * entries, for prompt tokens 1 .. n_prompt - 1 (each under the logits of the rows before it, no
+ * adjustment, temperature 1), same layout. Returns the count (0 without prompt_logprobs), or < 0. */
+DSPARK_API int32_t dspark_engine_get_prompt_logprobs(const struct dspark_engine * engine, dspark_seq_id seq_id, const float ** logprob,
+                                                     const dspark_token ** top_ids, const float ** top_logprobs, int32_t * top);
 DSPARK_API int32_t dspark_engine_seq_status(const struct dspark_engine * engine, dspark_seq_id seq_id);
 DSPARK_API int32_t dspark_engine_get_stats(const struct dspark_engine * engine, dspark_seq_id seq_id, struct dspark_spec_stats * out);
 /* Finish a sequence now and free its cells in both caches. */

@@ -239,6 +239,7 @@ void dspark_engine::clear_new_tokens() {
     for (auto & kv : seqs) {
         kv.second.new_tokens.clear();
         kv.second.new_from_draft.clear();
+        kv.second.new_logprobs.clear();
     }
 }
 

@@ -4,6 +4,7 @@
 
 #include "dspark.h"
 #include "dspark-acceptance.h"
+#include "dspark-logprobs.h"
 #include "dspark-sampler.h"
 
 #include <random>
@@ -25,6 +26,9 @@ struct dspark_seq_state {
     std::vector<dspark_token> pending_tok;      // (and their tokens, which the draft's cells record)
     std::vector<dspark_token> new_tokens;       // committed by the last add / step
     std::vector<uint8_t>      new_from_draft;
+    bool                      logprobs = false;  // record new_logprobs (the request asked for them)
+    dspark_logprobs           new_logprobs;     // of new_tokens
+    dspark_logprobs           prompt_logprobs;  // of prompt tokens 1 .. n-1 (prompt_logprobs requests)
     dspark_acceptance         acc;              // its recent acceptance by position (adaptive schedules)
     dspark_spec_stats         stats;
 

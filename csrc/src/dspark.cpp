@@ -944,6 +944,33 @@ int32_t dspark_engine_get_tokens(const struct dspark_engine * e, dspark_seq_id s
     return st < 0 ? st : n;
 }
 
+static int32_t get_logprobs(const char * fn, const struct dspark_engine * e, dspark_seq_id seq_id, bool prompt,
+                            const float ** logprob, const dspark_token ** top_ids, const float ** top_logprobs, int32_t * top) {
+    if (!e) {
+        dspark_set_last_error(std::string(fn) + ": engine is NULL");
+        return DSPARK_STATUS_INVALID_ARGUMENT;
+    }
+    return guard_count<int32_t>([&]() {
+        const dspark_seq_state & s = e->seq(seq_id);
+        const dspark_logprobs & lp = prompt ? s.prompt_logprobs : s.new_logprobs;
+        if (logprob) *logprob = lp.logprob.data();
+        if (top_ids) *top_ids = lp.top_ids.data();
+        if (top_logprobs) *top_logprobs = lp.top_logprobs.data();
+        if (top) *top = lp.top;
+        return (int32_t) lp.size();
+    });
+}
+
+int32_t dspark_engine_get_logprobs(const struct dspark_engine * e, dspark_seq_id seq_id, const float ** logprob,
+                                   const dspark_token ** top_ids, const float ** top_logprobs, int32_t * top) {
+    return get_logprobs("dspark_engine_get_logprobs", e, seq_id, false, logprob, top_ids, top_logprobs, top);
+}
+
+int32_t dspark_engine_get_prompt_logprobs(const struct dspark_engine * e, dspark_seq_id seq_id, const float ** logprob,
+                                          const dspark_token ** top_ids, const float ** top_logprobs, int32_t * top) {
+    return get_logprobs("dspark_engine_get_prompt_logprobs", e, seq_id, true, logprob, top_ids, top_logprobs, top);
+}
+
 int32_t dspark_engine_seq_status(const struct dspark_engine * e, dspark_seq_id seq_id) {
     if (!e) {
         dspark_set_last_error("dspark_engine_seq_status: engine is NULL");

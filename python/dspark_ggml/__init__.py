@@ -23,13 +23,13 @@ _LAZY = {
     "Model": "model", "Context": "context", "DraftModel": "draft", "DraftContext": "draft",
     "Engine": "engine", "SpecStats": "engine",
     "Tokenizer": "tokenizer", "devices": "system", "system_info": "system",
-    "add_rpc_server": "rpc", "serve_rpc": "rpc",
+    "add_rpc_server": "rpc", "serve_rpc": "rpc", "TokenLogprob": "logprobs",
 }
 
 __all__ = [
     "__version__", "LLM", "load", "SamplingParams", "SpeculativeConfig", "GenerationResult",
     "GenerationChunk", "GenerationStats", "DSparkError", "Model", "Context", "DraftModel", "DraftContext",
-    "Engine", "SpecStats", "Tokenizer", "devices", "system_info", "add_rpc_server", "serve_rpc",
+    "Engine", "SpecStats", "Tokenizer", "devices", "system_info", "add_rpc_server", "serve_rpc", "TokenLogprob",
 ]
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .engine import Engine, SpecStats
     from .errors import DSparkError
     from .llm import LLM, load
+    from .logprobs import TokenLogprob
     from .model import Model
     from .results import GenerationChunk, GenerationResult, GenerationStats
     from .rpc import add_rpc_server, serve_rpc

@@ -10,7 +10,9 @@ from . import _lib
 from ._handle import NativeHandle
 from .context import Context
 from .draft import DraftContext, DraftModel
-from .errors import InvalidArgumentError
+from .constraint import ConstraintBinding
+from .errors import ConstraintError, DSparkError, InvalidArgumentError
+from .logprobs import TokenLogprob, read_logprobs
 from .model import Model
 from .sampling import SamplingParams
 
@@ -102,6 +104,8 @@ class Engine(NativeHandle):
         self.target, self.draft = target, draft
         self._handle: Any = _lib.check_ptr(lib.dspark_engine_init(target.handle, draft.handle if draft else ffi.NULL, p))
         self._abort_cb: Any = None
+        self._params: dict[int, SamplingParams] = {}  # each sequence's request (for its logprobs)
+        self._constraints: dict[int, ConstraintBinding] = {}  # callbacks the C engine may call
         self.set_eog(eog)
 
     @property
@@ -114,10 +118,20 @@ class Engine(NativeHandle):
         _lib.check(_lib.lib().dspark_engine_set_eog(self.handle, _lib.ffi().from_buffer("int32_t[]", a), len(a)))
 
     def add(self, seq_id: int, prompt: Sequence[int] | np.ndarray, sampling: SamplingParams | None = None,
-            stop_sequences: Sequence[Sequence[int]] = (), *, reuse_prefix: bool = False) -> list[int]:
+            stop_sequences: Sequence[Sequence[int]] = (), *, reuse_prefix: bool = False,
+            constraint: Any | None = None) -> list[int]:
         """Start a sequence: prefill the prompt and return its first token(s). ``reuse_prefix``
         (prompt caching): keep the cells ``seq_id`` holds of the prompt's longest prefix
-        (:meth:`cached_prefix`) and prefill only the rest; the output is the same either way."""
+        (:meth:`cached_prefix`) and prefill only the rest; the output is the same either way
+        (a request with prompt_logprobs prefills all of it).
+
+        The sampling params' per-request fields (logit_bias, the penalties, logprobs,
+        prompt_logprobs) go with the request; :meth:`new_logprobs` and :meth:`prompt_logprobs`
+        read the logprobs. ``constraint``: an object with ``fill_masks(tokens, out) -> int`` and
+        ``commit(tokens)`` (see :mod:`dspark_ggml.constraint`) that masks the target's rows and
+        cuts drafts the grammar rejects; kept alive until the sequence is removed, detached or
+        replaced. An exception in it fails the call with ConstraintError (from that exception).
+        json_schema / grammar are the LLM's to turn into a constraint; the engine ignores them."""
         sp = sampling or SamplingParams()
         lib, ffi = _lib.lib(), _lib.ffi()
         prompt_a = np.ascontiguousarray(prompt, dtype=np.int32).reshape(-1)
@@ -133,9 +147,30 @@ class Engine(NativeHandle):
         r.stop_tokens = ffi.from_buffer("int32_t[]", flat) if len(flat) else ffi.NULL
         r.stop_lens = ffi.from_buffer("int32_t[]", lens) if len(lens) else ffi.NULL
         r.n_stop = len(stops)
-        r.reuse_prefix = bool(reuse_prefix)
-        _lib.check(lib.dspark_engine_add(self.handle, seq_id, r))
+        r.reuse_prefix = bool(reuse_prefix) and sp.prompt_logprobs is None
+        keep: list[Any] = []
+        sp.request_fields(r, keep)
+        binding = ConstraintBinding(constraint) if constraint is not None else None
+        if binding is not None:
+            r.constraint = binding.c
+        self._params[seq_id] = sp
+        self._constraints.pop(seq_id, None)
+        if binding is not None:
+            self._constraints[seq_id] = binding
+        self._checked(lib.dspark_engine_add(self.handle, seq_id, r))
         return self.new_tokens(seq_id)[0]
+
+    def _checked(self, status: int) -> int:
+        """_lib.check, but a failure a constraint callback caused raises ConstraintError from the
+        callback's exception."""
+        try:
+            return _lib.check(status)
+        except DSparkError as e:
+            for seq_id, b in self._constraints.items():
+                cause = b.take_error()
+                if cause is not None:
+                    raise ConstraintError(f"the constraint of sequence {seq_id} failed: {cause!r}") from cause
+            raise e
 
     def cached_prefix(self, seq_id: int, prompt: Sequence[int] | np.ndarray) -> int:
         """How many leading tokens of ``prompt`` the cells of ``seq_id`` hold in both caches (what
@@ -147,14 +182,14 @@ class Engine(NativeHandle):
 
     def step(self) -> int:
         """One speculative step for every active sequence; returns how many are still active."""
-        return _lib.check(_lib.lib().dspark_engine_step(self.handle))
+        return self._checked(_lib.lib().dspark_engine_step(self.handle))
 
     def run(self, max_steps: int) -> int:
         """Up to ``max_steps`` steps in one call (no return to Python in between), ending early after
         a step in which a sequence finished, when none is active, or while a stop is requested.
         The tokens of all of them accumulate for :meth:`new_tokens`. Returns the steps run; when a
         step fails it raises, and the tokens of the steps before it can still be read."""
-        return _lib.check(_lib.lib().dspark_engine_run(self.handle, max_steps))
+        return self._checked(_lib.lib().dspark_engine_run(self.handle, max_steps))
 
     def new_tokens(self, seq_id: int) -> tuple[list[int], list[bool]]:
         """Tokens the last add/step/run committed for a sequence, and which came from the draft."""
@@ -162,6 +197,26 @@ class Engine(NativeHandle):
         tp, fp = ffi.new("const int32_t **"), ffi.new("const uint8_t **")
         n = _lib.check(_lib.lib().dspark_engine_get_tokens(self.handle, seq_id, tp, fp))
         return [tp[0][i] for i in range(n)], [bool(fp[0][i]) for i in range(n)]
+
+    def new_logprobs(self, seq_id: int) -> list[TokenLogprob]:
+        """The logprobs of :meth:`new_tokens` (a request with ``logprobs``; else []), each with
+        the request's ``logprobs`` top entries."""
+        sp = self._params.get(seq_id)
+        if sp is None or sp.logprobs is None:
+            return []
+        tokens = self.new_tokens(seq_id)[0]
+        return read_logprobs(_lib.lib().dspark_engine_get_logprobs, self.handle, seq_id, tokens, sp.logprobs)
+
+    def prompt_logprobs(self, seq_id: int, prompt: Sequence[int]) -> list[TokenLogprob | None]:
+        """The prompt's logprobs (a request with ``prompt_logprobs``; else []): None for the first
+        token (nothing comes before it), then one entry per prompt token."""
+        sp = self._params.get(seq_id)
+        if sp is None or sp.prompt_logprobs is None:
+            return []
+        rest = [int(t) for t in prompt][1:]
+        entries = read_logprobs(_lib.lib().dspark_engine_get_prompt_logprobs, self.handle, seq_id, rest,
+                                sp.prompt_logprobs)
+        return [None, *entries]
 
     def status(self, seq_id: int) -> str:
         """"active", or why the sequence finished: "length", "eog", "stop", "context_full"."""
@@ -191,11 +246,17 @@ class Engine(NativeHandle):
     def remove(self, seq_id: int) -> None:
         """Forget a sequence and free its cells in both caches."""
         _lib.check(_lib.lib().dspark_engine_remove(self.handle, seq_id))
+        self._forget(seq_id)
+
+    def _forget(self, seq_id: int) -> None:
+        self._params.pop(seq_id, None)
+        self._constraints.pop(seq_id, None)
 
     def detach(self, seq_id: int) -> None:
         """Forget a sequence but leave its cells in both caches, for a later :meth:`add` with
         reuse_prefix (prompt caching); ``target.kv.seq_rm`` / ``draft.kv.seq_rm`` free them."""
         _lib.check(_lib.lib().dspark_engine_detach(self.handle, seq_id))
+        self._forget(seq_id)
 
     def generate(self, prompt: Sequence[int], sampling: SamplingParams | None = None, seq_id: int = 0) -> list[int]:
         """Generate one sequence to completion; returns the new tokens."""

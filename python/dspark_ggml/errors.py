@@ -55,6 +55,11 @@ class AbortedError(DSparkError):
     """The computation was stopped by the abort callback (e.g. Ctrl-C)."""
 
 
+class ConstraintError(DSparkError):
+    """A token constraint's callback (a grammar engine) raised or returned an error; the exception
+    it raised is the __cause__. The call that ran it failed as a whole."""
+
+
 class DeviceLostError(DSparkError, ConnectionError):
     """A device stopped answering (an RPC server died or dropped the connection): what was placed on
     it cannot be used any more; models and contexts elsewhere keep working."""

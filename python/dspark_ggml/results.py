@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .engine import SpecStats
+from .logprobs import TokenLogprob
 
 # Why a sequence ended:
 #   "stop"         an end-of-generation token, a stop token (stop_token_ids) or a stop string
@@ -63,6 +64,7 @@ class GenerationChunk:
         finish_reason: None while the sequence goes on; on its last chunk one of "stop",
             "length", "context_full", "aborted".
         stats: on the last chunk, the request's statistics; else None.
+        logprobs: with ``SamplingParams(logprobs=k)``, one entry per token; else None.
     """
 
     text: str
@@ -71,6 +73,7 @@ class GenerationChunk:
     index: int = 0
     finish_reason: str | None = None
     stats: GenerationStats | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -86,6 +89,10 @@ class GenerationResult:
         stats: counters and timings (see GenerationStats).
         prompt_tokens: the prompt's token ids.
         from_draft: per token, whether it came from the draft.
+        logprobs: with ``SamplingParams(logprobs=k)``, one :class:`TokenLogprob` per token of
+            ``tokens``; else None.
+        prompt_logprobs: with ``SamplingParams(prompt_logprobs=k)``, one entry per prompt token
+            (None for the first); else None.
     """
 
     text: str
@@ -94,9 +101,16 @@ class GenerationResult:
     stats: GenerationStats
     prompt_tokens: list[int] = field(default_factory=list)
     from_draft: list[bool] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (the shape `dspark-ggml generate --json` prints)."""
-        return {"text": self.text, "tokens": list(self.tokens), "finish_reason": self.finish_reason,
-                "prompt_tokens": list(self.prompt_tokens), "from_draft": list(self.from_draft),
-                "stats": self.stats.to_dict()}
+        d = {"text": self.text, "tokens": list(self.tokens), "finish_reason": self.finish_reason,
+             "prompt_tokens": list(self.prompt_tokens), "from_draft": list(self.from_draft),
+             "stats": self.stats.to_dict()}
+        if self.logprobs is not None:
+            d["logprobs"] = [e.to_dict() for e in self.logprobs]
+        if self.prompt_logprobs is not None:
+            d["prompt_logprobs"] = [e.to_dict() if e is not None else None for e in self.prompt_logprobs]
+        return d

@@ -1,8 +1,9 @@
 """Sampling parameters, and sampling rows of logits with the core's sampler chain."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, List, Mapping, Optional, Sequence, TypedDict, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, TypedDict, Union
 
 import numpy as np
 
@@ -10,6 +11,7 @@ from . import _lib
 from .errors import InvalidArgumentError
 from .system import devices
 
+MAX_TOP_LOGPROBS = 20  # DSPARK_MAX_TOP_LOGPROBS, OpenAI's limit
 
 
 @dataclass
@@ -29,6 +31,26 @@ class SamplingParams:
             always do).
         stop: strings that end generation; the text is cut before the first one (see
             ``LLM.generate``). Token ids go in stop_token_ids.
+        logit_bias: {token id: bias} added to the logits before sampling (OpenAI's; a bias in
+            [-100, 100], or -inf to ban the token). Ids must be in the vocabulary.
+        presence_penalty: OpenAI's: subtracted from the logit of every token seen in the
+            penalty window; in [-2, 2], default 0 (off).
+        frequency_penalty: OpenAI's: subtracted once per occurrence in the window; in [-2, 2].
+        repeat_penalty: llama.cpp's: a seen token's logit is divided by it (multiplied when <= 0);
+            > 0, default 1.0 (off).
+        penalty_last_n: the window of prompt + output tokens the penalties count (llama.cpp's
+            ``repeat_last_n``); default 64, 0 = off, -1 = the whole context.
+        logprobs: None (default) = off; k in 0..20: each generated token's logprob in the
+            distribution it was drawn from (greedy: the softmax of the adjusted logits), plus the
+            k most probable tokens. The same with and without a draft.
+        prompt_logprobs: None = off; k in 0..20: the same for every prompt token after the first
+            (under the model's plain softmax; disables prompt-cache reuse for the request).
+        json_schema: constrain the output to JSON of this schema (a dict or its JSON text); the
+            LLM builds the grammar with its tokenizer.
+        grammar: constrain the output to this grammar (a Lark / llguidance grammar string).
+
+    The penalties, the bias and a constraint change the logits every row of a verify step
+    sees (each row counts the draft tokens before it), so output stays lossless with a draft.
     """
 
     temperature: float = 0.0
@@ -39,6 +61,15 @@ class SamplingParams:
     max_tokens: int | None = 256
     stop_token_ids: list[int] | None = None
     stop: list[str] | str | None = None
+    logit_bias: dict[int, float] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    penalty_last_n: int = 64
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    json_schema: dict[str, Any] | str | None = None
+    grammar: str | None = None
 
     def validate(self) -> None:
         """Raise InvalidArgumentError for a bad value, where the value enters (LLM.generate, the
@@ -46,6 +77,52 @@ class SamplingParams:
         (dspark_sampling_check, which every C entry point taking them applies), max_tokens and the
         ranges the C struct cannot hold here."""
         _lib.check(_lib.lib().dspark_sampling_check(self.to_c()))
+        self.check_request_fields()
+
+    def check_request_fields(self) -> None:
+        """The per-request fields the C request carries (dspark_request; the core checks them again
+        with the vocabulary at add): the ranges that need no model."""
+        bias = self.logit_bias or {}
+        if not isinstance(bias, Mapping):
+            raise InvalidArgumentError(f"logit_bias must map token ids to biases, got {type(bias).__name__}")
+        for tok, b in bias.items():
+            if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or not 0 <= int(tok) < 2**31:
+                raise InvalidArgumentError(f"logit_bias: token id {tok!r} must be an integer >= 0")
+            if not isinstance(b, (int, float, np.number)) or math.isnan(b) or b == math.inf:
+                raise InvalidArgumentError(f"logit_bias: the bias of token {tok} must be a number or -inf, got {b!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise InvalidArgumentError(f"{name} must be in [-2, 2], got {v!r}")
+        if not isinstance(self.repeat_penalty, (int, float)) or not 0.0 <= self.repeat_penalty < math.inf:
+            raise InvalidArgumentError(f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty!r}")
+        if isinstance(self.penalty_last_n, bool) or not isinstance(self.penalty_last_n, int) \
+                or not -1 <= self.penalty_last_n < 2**31:
+            raise InvalidArgumentError(f"penalty_last_n must be -1 (the context), 0 (off) or > 0, got {self.penalty_last_n!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOP_LOGPROBS):
+                raise InvalidArgumentError(f"{name} must be None or an integer in 0..{MAX_TOP_LOGPROBS}, got {v!r}")
+        if self.json_schema is not None and self.grammar is not None:
+            raise InvalidArgumentError("json_schema and grammar are exclusive: give one")
+
+    def request_fields(self, r: Any, keep: list[Any]) -> None:
+        """Set the per-request fields of the C struct dspark_request ``r``; the cffi buffers they
+        point to go to ``keep`` (they must live until the call)."""
+        self.check_request_fields()
+        ffi = _lib.ffi()
+        bias = self.logit_bias or {}
+        if bias:
+            arr = ffi.new("struct dspark_logit_bias[]", len(bias))
+            for i, (tok, b) in enumerate(bias.items()):
+                arr[i].token, arr[i].bias = int(tok), float(b)
+            keep.append(arr)
+            r.logit_bias, r.n_logit_bias = arr, len(bias)
+        r.presence_penalty, r.frequency_penalty = self.presence_penalty, self.frequency_penalty
+        r.repeat_penalty, r.penalty_last_n = self.repeat_penalty, self.penalty_last_n
+        r.logprobs = self.logprobs is not None
+        r.top_logprobs = max(self.logprobs or 0, self.prompt_logprobs or 0)
+        r.prompt_logprobs = self.prompt_logprobs is not None
 
     def to_c(self) -> Any:
         """The C struct dspark_sampling_params, its values unchecked: the C function it is passed to
@@ -74,6 +151,15 @@ class SamplingOptions(TypedDict, total=False):
     max_tokens: Optional[int]
     stop_token_ids: Optional[List[int]]
     stop: Union[List[str], str, None]
+    logit_bias: Optional[Dict[int, float]]
+    presence_penalty: float
+    frequency_penalty: float
+    repeat_penalty: float
+    penalty_last_n: int
+    logprobs: Optional[int]
+    prompt_logprobs: Optional[int]
+    json_schema: Union[Dict[str, Any], str, None]
+    grammar: Optional[str]
 
 
 def with_options(params: SamplingParams | None, options: Mapping[str, Any]) -> SamplingParams:
