@@ -79,7 +79,8 @@ class LiveSequence:
                 now; nothing changed.
         """
         seq = cls(request, seq_id, tokenizer)
-        tokens = engine.add(seq_id, request.prompt, request.sampling, [[t] for t in request.stop_token_ids])
+        tokens = engine.add(seq_id, request.prompt, request.sampling, [[t] for t in request.stop_token_ids],
+                            constraint=request.constraint)
         return seq, tokens
 
     def close(self, engine: Engine) -> GenerationStats:

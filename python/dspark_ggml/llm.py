@@ -21,6 +21,7 @@ from .results import GenerationChunk, GenerationResult
 from .rpc import add_rpc_servers
 from .sampling import SamplingParams, with_options
 from .speculative import SpeculativeConfig, coerce_speculative, resolve_method
+from .structured import constraint_for
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -330,7 +331,9 @@ class LLM(Closing):
         if bad:
             raise InvalidArgumentError(f"stop_token_ids {bad} are outside the vocabulary "
                                        f"(0 .. {self.n_vocab - 1})")
-        return Request(self._prompt_tokens(prompt), sampling, stops, stop_ids, index)
+        # structured output: each request its own grammar state, built with the target's tokenizer
+        constraint = constraint_for(self.tokenizer, sampling, self.n_vocab)
+        return Request(self._prompt_tokens(prompt), sampling, stops, stop_ids, index, constraint)
 
     def _check_open(self) -> None:
         if getattr(self, "_closed", False):

@@ -74,6 +74,7 @@ class GenerationChunk:
     finish_reason: str | None = None
     stats: GenerationStats | None = None
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None  # the server's first chunk of an echo request
 
 
 @dataclass
