@@ -157,13 +157,13 @@ def _add(choice: Choice, chunk: GenerationChunk) -> None:
     prompt_logprobs = getattr(chunk, "prompt_logprobs", None)
     if prompt_logprobs is not None:
         choice.prompt_logprobs = prompt_logprobs
+    if chunk.finish_reason is not None:
+        choice.finish_reason, choice.stats = chunk.finish_reason, chunk.stats
 
 
 def chunk_logprobs(chunk: GenerationChunk) -> list[Any]:
     """The logprobs of a chunk's text tokens ([] when the request did not ask for them)."""
     return list(getattr(chunk, "logprobs", None) or [])
-    if chunk.finish_reason is not None:
-        choice.finish_reason, choice.stats = chunk.finish_reason, chunk.stats
 
 
 def failure_error(f: Failure) -> ApiError:
