@@ -21,8 +21,9 @@ std::vector<dspark_token> dspark_acceptor::greedy_chain(const dspark_verify_bloc
     const std::vector<float> u = sp.greedy() ? std::vector<float>(k + 1, 0.0f) : rng.peek(k + 1);
     std::vector<dspark_token> out;
     for (int j = 0; j <= k; ++j) {
+        const float * adj = b.adjust ? b.adjust + (size_t) j * V : nullptr;  // host sampling only
         const dspark_token t = tgt.has_sampled ? tgt.sampled[b.row + j]
-                                               : dspark_sample_host(tgt.logits.data() + (size_t) (b.row + j) * V, V, sp, u[j]);
+                                               : dspark_sample_host(tgt.logits.data() + (size_t) (b.row + j) * V, V, sp, u[j], adj);
         out.push_back(t);
         if (j == k || t != b.draft[j]) {
             break;
@@ -41,7 +42,8 @@ void dspark_acceptor::draft_q_row(int block, int slot, float T, std::vector<floa
 
 // The target's sampling distribution of verify row `row` over the vocabulary (read back first
 // when the verify ran in-graph).
-void dspark_acceptor::target_p_row(int row, const dspark_sampler_params & sp, std::vector<float> & pd) const {
+void dspark_acceptor::target_p_row(int row, const dspark_sampler_params & sp, std::vector<float> & pd,
+                                   const float * adjust) const {
     const int V = tgt.hp().n_vocab;
     std::vector<float> kept;
     const float * logits = tgt.logits.data() + (size_t) row * V;
@@ -51,7 +53,7 @@ void dspark_acceptor::target_p_row(int row, const dspark_sampler_params & sp, st
         logits = kept.data();
     }
     dspark_distribution dist;
-    dspark_sampler_distribution(logits, V, sp, dist);
+    dspark_sampler_distribution(logits, V, sp, dist, adjust);
     if (!sp.sorts(V)) {  // every token a candidate, in vocabulary order: the probabilities are the row
         pd.swap(dist.probs);
         return;
@@ -62,6 +64,27 @@ void dspark_acceptor::target_p_row(int row, const dspark_sampler_params & sp, st
     }
 }
 
+// A sample of the residual max(p - q, 0) at u in [0, 1): what a rejection emits.
+dspark_token dspark_acceptor::residual(const std::vector<float> & pd, const std::vector<float> & q, double u01) const {
+    const int V = (int) pd.size();
+    double wsum = 0.0;
+    for (int v = 0; v < V; ++v) {
+        wsum += std::max(0.0f, pd[v] - q[v]);
+    }
+    if (wsum <= 0.0) {  // p == q up to rounding (a rejection then has probability ~0): p's top token
+        return (dspark_token) (std::max_element(pd.begin(), pd.end()) - pd.begin());
+    }
+    const double u = u01 * wsum;
+    double cum = 0.0;
+    for (int v = 0; v < V; ++v) {
+        cum += std::max(0.0f, pd[v] - q[v]);
+        if (u < cum) {
+            return v;
+        }
+    }
+    return (dspark_token) (std::max_element(pd.begin(), pd.end()) - pd.begin());
+}
+
 // q came with the draw; p from the verify graph, or from the logits on the host. A rejection is
 // the only place whole rows are needed: one of p and one of q.
 std::vector<dspark_token> dspark_acceptor::rejection(dspark_verify_block & b, const dspark_sampler_params & sp,
@@ -70,6 +93,7 @@ std::vector<dspark_token> dspark_acceptor::rejection(dspark_verify_block & b, co
     const int V = tgt.hp().n_vocab;
     std::uniform_real_distribution<double> unif(0.0, 1.0);
     const float u_bonus = b.bonus_uniform(aux);
+    auto adj = [&](int j) { return b.adjust ? b.adjust + (size_t) j * V : nullptr; };
     std::vector<dspark_token> out;
     std::vector<float> pd, q;
     for (int j = 0; j < k; ++j) {
@@ -78,7 +102,7 @@ std::vector<dspark_token> dspark_acceptor::rejection(dspark_verify_block & b, co
         if (tgt.has_sampled) {
             px = tgt.probed[b.row + j];
         } else {
-            target_p_row(b.row + j, sp, pd);
+            target_p_row(b.row + j, sp, pd, adj(j));
             px = pd[x];
         }
         if (unif(aux) * b.q[j] < px) {
@@ -86,35 +110,26 @@ std::vector<dspark_token> dspark_acceptor::rejection(dspark_verify_block & b, co
             continue;
         }
         if (tgt.has_sampled) {
-            target_p_row(b.row + j, sp, pd);
+            target_p_row(b.row + j, sp, pd, adj(j));
         }
         draft_q_row(b.draft_block, j, sp.temperature, q);
-        double wsum = 0.0;
-        for (int v = 0; v < V; ++v) {
-            wsum += std::max(0.0f, pd[v] - q[v]);
-        }
-        const double u = unif(aux) * wsum;
-        double cum = 0.0;
-        dspark_token t = x;
-        if (wsum > 0.0) {
-            for (int v = 0; v < V; ++v) {
-                cum += std::max(0.0f, pd[v] - q[v]);
-                if (u < cum) {
-                    t = v;
-                    break;
-                }
-            }
-        } else {  // p == q up to rounding (a rejection then has probability ~0): p's top token
-            t = (dspark_token) (std::max_element(pd.begin(), pd.end()) - pd.begin());
-        }
-        out.push_back(t);
+        out.push_back(residual(pd, q, unif(aux)));
+        return out;
+    }
+    if (b.cut_banned) {
+        // the draft's token at slot k was sampled from q and the constraint bans it (p = 0 there):
+        // a certain rejection, so slot k emits a sample of the residual, as verifying it would
+        target_p_row(b.row + k, sp, pd, adj(k));
+        draft_q_row(b.draft_block, k, sp.temperature, q);
+        unif(aux);  // the acceptance test the banned token would have consumed
+        out.push_back(residual(pd, q, unif(aux)));
         return out;
     }
     // all drafts accepted: the bonus token, a draw of p at the last row
     if (tgt.has_sampled) {
         out.push_back(tgt.sampled[b.row + k]);
     } else {
-        out.push_back(dspark_sample_host(tgt.logits.data() + (size_t) (b.row + k) * V, V, sp, u_bonus));
+        out.push_back(dspark_sample_host(tgt.logits.data() + (size_t) (b.row + k) * V, V, sp, u_bonus, adj(k)));
     }
     return out;
 }

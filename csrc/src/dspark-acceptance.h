@@ -31,9 +31,11 @@ struct dspark_verify_block {
     int   draft_block = -1;            // its block in the last propose (to read a q row lazily)
     float bonus_u     = -1.0f;         // the bonus token's uniform, once drawn (rejection sampling)
     int   row         = 0;             // first row in the verify batch
+    const float * adjust = nullptr;    // [k + 1][n_vocab] the rows' adjustments (dspark-adjust.h), or null
+    bool  cut_banned  = false;         // a constraint cut the draft before a token it bans (slot k)
 
     // Drafted by sampling (q known): accepted by rejection sampling, else by the greedy chain.
-    bool rejection_sampled() const { return !q.empty(); }
+    bool rejection_sampled() const { return !q.empty() || cut_banned; }
     // The uniform of the bonus token, drawn first (so the host and the in-graph paths consume the
     // sequence's stream alike: bonus, then one per tested draft token, then one for a residual).
     float bonus_uniform(std::mt19937_64 & aux);
@@ -56,7 +58,8 @@ struct dspark_acceptor {
     std::vector<dspark_token> rejection(dspark_verify_block & b, const dspark_sampler_params & sp, std::mt19937_64 & aux) const;
 
   private:
-    void target_p_row(int row, const dspark_sampler_params & sp, std::vector<float> & p) const;
+    void target_p_row(int row, const dspark_sampler_params & sp, std::vector<float> & p, const float * adjust) const;
+    dspark_token residual(const std::vector<float> & p, const std::vector<float> & q, double u) const;
     void draft_q_row(int block, int slot, float temperature, std::vector<float> & q) const;
 };
 

@@ -146,7 +146,8 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d is still active; remove it first", seq_id);
     }
     dspark_seq_state s(seq_id, r, tgt.hp().n_vocab, tgt.params.n_ctx, n_draft);
-    const int32_t n_keep = r.reuse_prefix ? cached_prefix(seq_id, r.prompt, r.n_prompt) : 0;
+    // prompt logprobs need the logits of every prompt row: no reuse
+    const int32_t n_keep = r.reuse_prefix && !r.prompt_logprobs ? cached_prefix(seq_id, r.prompt, r.n_prompt) : 0;
 
     // the caches must hold nothing of this sequence but the reused prefix
     tgt.kv.seq_rm(seq_id, n_keep, -1);
@@ -154,8 +155,10 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
         dft->kv.seq_rm(seq_id, n_keep, -1);
     }
     const auto t0 = clock_type::now();
+    dspark_token first = 0;
     try {
-        prefill(seq_id, r, n_keep);
+        const int32_t last = prefill(s, r, n_keep);
+        first = first_token(s, tgt.logits.data() + (size_t) last * tgt.hp().n_vocab);
     } catch (...) {
         tgt.kv.seq_rm(seq_id, 0, -1);
         if (dft) {
@@ -165,7 +168,6 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
     }
     s.n_past = r.n_prompt;
     s.status = DSPARK_SEQ_ACTIVE;
-    const dspark_token first = dspark_sample_host(tgt.logits.data(), tgt.hp().n_vocab, s.sp, s.sp.greedy() ? 0.0f : s.rng.next());
     s.stats.t_prefill_ms = ms_since(t0);
     s.stats.n_cached = n_keep;
     s.anchor = first;
@@ -177,20 +179,54 @@ void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
     seqs[seq_id] = std::move(s);
 }
 
+// The prefill's first token, from the last prompt row's logits: adjusted (the constraint's mask
+// of the empty continuation), its logprob recorded, and committed to the adjuster (and so to the
+// constraint; a failing callback throws).
+dspark_token dspark_engine::first_token(dspark_seq_state & s, const float * logits) {
+    const int V = tgt.hp().n_vocab;
+    const float * adj = nullptr;
+    if (s.adjust) {
+        if (s.adjust->constrained()) {
+            s.adjust->ask_masks(nullptr, 0);
+        }
+        adj = s.adjust->fill(logits, nullptr, 0);
+    }
+    const dspark_token first = dspark_sample_host(logits, V, s.sp, s.sp.greedy() ? 0.0f : s.rng.next(), adj);
+    if (s.logprobs) {
+        s.new_logprobs.add(logits, adj, V, s.sp, first);
+    }
+    if (s.adjust) {
+        s.adjust->undo();
+        s.adjust->accept(&first, 1);
+    }
+    return first;
+}
+
 // Decode prompt positions [from, n_prompt) into the target, n_batch at a time, and inject their
-// features into the draft; the logits of the last position stay in the target context.
-void dspark_engine::prefill(int32_t seq_id, const dspark_request & r, int32_t from) {
-    for (int32_t off = from; off < r.n_prompt; off += (int32_t) tgt.params.n_batch) {
-        const int32_t n = std::min<int32_t>((int32_t) tgt.params.n_batch, r.n_prompt - off);
+// features into the draft; the logits of the last position stay in the target context, at the
+// row returned. A prompt_logprobs request outputs every row (chunks of at most n_outputs_max) and
+// records each prompt token's logprob under the row before it.
+int32_t dspark_engine::prefill(dspark_seq_state & s, const dspark_request & r, int32_t from) {
+    const int32_t seq_id = s.id;
+    const bool all = s.want_prompt_logprobs;
+    const int32_t chunk = all ? (int32_t) std::min<uint32_t>(tgt.params.n_batch, tgt.n_outputs_max) : (int32_t) tgt.params.n_batch;
+    const int V = tgt.hp().n_vocab;
+    int32_t last = 0;
+    for (int32_t off = from; off < r.n_prompt; off += chunk) {
+        const int32_t n = std::min<int32_t>(chunk, r.n_prompt - off);
         std::vector<dspark_pos> pos(n);
         std::vector<dspark_seq_id> seq(n, seq_id);
-        std::vector<int8_t> out(n, 0);
+        std::vector<int8_t> out(n, all ? 1 : 0);
         for (int32_t i = 0; i < n; ++i) {
             pos[i] = off + i;
         }
-        out[n - 1] = off + n == r.n_prompt;
+        out[n - 1] = all || off + n == r.n_prompt;
         dspark_batch b = {n, r.prompt + off, pos.data(), seq.data(), out.data()};
         tgt.decode(b);
+        last = all ? n - 1 : 0;
+        for (int32_t i = 0; all && i < n && off + i + 1 < r.n_prompt; ++i) {
+            s.prompt_logprobs.add_raw(tgt.logits.data() + (size_t) i * V, V, r.prompt[off + i + 1]);
+        }
         if (dft) {
             for (int32_t c = 0; c < n; c += (int32_t) dft->params.n_batch) {
                 const int32_t m = std::min<int32_t>((int32_t) dft->params.n_batch, n - c);
@@ -200,6 +236,7 @@ void dspark_engine::prefill(int32_t seq_id, const dspark_request & r, int32_t fr
             }
         }
     }
+    return last;
 }
 
 void dspark_engine::remove(int32_t seq_id) {
@@ -301,6 +338,7 @@ int32_t dspark_engine::step_once() {
         // draft) nor a graph build (a change of shape), both paid once
         blocks.draft[d.block].observe(d.n_seqs, t_draft, blocks.now());
     }
+    constrain_drafts(plans);
     verify(plans);  // accounts its own time
     total.t_draft_ms += t_draft;
     for (plan & p : plans) {
@@ -309,6 +347,11 @@ int32_t dspark_engine::step_once() {
     int32_t active = 0;
     for (auto & kv : seqs) {
         active += kv.second.status == DSPARK_SEQ_ACTIVE;
+    }
+    if (!failed_commit.empty()) {  // the step committed; a constraint's commit callback failed
+        std::string msg;
+        msg.swap(failed_commit);
+        dspark_throw(DSPARK_STATUS_INTERNAL, "%s", msg.c_str());
     }
     last_step_end = clock_type::now();
     last_step_ms = std::chrono::duration<double, std::milli>(last_step_end - t0).count();
@@ -446,6 +489,25 @@ dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, in
     return d;
 }
 
+// Constrained sequences: the grammar's masks for each block, and the block cut before the first
+// drafted token the grammar rejects (such a token is never verified). A failing callback throws
+// before the verify: nothing of the step is committed.
+void dspark_engine::constrain_drafts(std::vector<plan> & plans) {
+    for (plan & p : plans) {
+        if (!p.s->adjust || !p.s->adjust->constrained()) {
+            continue;
+        }
+        const int k = (int) p.draft.size();
+        const int keep = p.s->adjust->ask_masks(p.draft.data(), k);
+        if (keep < k) {
+            p.cut_banned = p.rejection_sampled();  // sampled from q: slot `keep` emits the residual
+            p.draft.resize(keep);
+            p.conf.resize(std::min<size_t>(p.conf.size(), keep));
+            p.q.resize(p.q.empty() ? 0 : keep);
+        }
+    }
+}
+
 // Verify every plan's block with the target, in as few decodes as n_batch allows: a step of many
 // sequences can exceed one batch (n_seq_max x (n_draft + 1) > n_batch), so consecutive plans are
 // grouped into chunks of at most n_batch rows. Only the first chunk's decode can be aborted: once
@@ -484,6 +546,11 @@ void dspark_engine::verify(std::vector<plan> & plans) {
 // the graph's argmax saves reading the logits back, while its filters and sorts for temperature
 // sampling cost more than the host's (bench/bench_spec.py --sampling host backend).
 bool dspark_engine::in_graph_sampling(const std::vector<plan> & plans, size_t begin, size_t end) const {
+    for (size_t i = begin; i < end; ++i) {
+        if (plans[i].s->needs_logits()) {
+            return false;  // its adjustments and logprobs are the host's (any backend setting)
+        }
+    }
     if (params.backend_sampling != DSPARK_BACKEND_SAMPLING_AUTO) {
         return params.backend_sampling == DSPARK_BACKEND_SAMPLING_ON;
     }
@@ -550,8 +617,12 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
     // accept per sequence; the features of committed positions wait for the next proposal
     const int width = dft ? dft->hp().feature_width() : 0;
     const dspark_acceptor acceptor{tgt, dft};
+    const int V = tgt.hp().n_vocab;
     for (size_t i = begin; i < end; ++i) {
         plan & p = plans[i];
+        if (p.s->adjust) {  // the adjusted rows the acceptance rules read (host sampling)
+            p.adjust = p.s->adjust->fill(tgt.logits.data() + (size_t) p.row * V, p.draft.data(), (int) p.draft.size());
+        }
         const bool rejection = p.rejection_sampled();
         std::vector<dspark_token> emitted = rejection ? acceptor.rejection(p, p.s->sp, p.s->aux)
                                                       : acceptor.greedy_chain(p, p.s->sp, p.s->rng);
@@ -587,10 +658,28 @@ void dspark_engine::commit(plan & p, const std::vector<dspark_token> & emitted, 
         blocks.accept.observe(k, accepted);
     }
     const int n_past0 = s.n_past;
+    const int V = tgt.hp().n_vocab;
+    int n_emitted = 0;
     for (size_t j = 0; j < emitted.size(); ++j) {
         total.n_generated++;
+        n_emitted++;
+        if (s.logprobs) {  // host-sampled: the block's logits rows are here
+            s.new_logprobs.add(tgt.logits.data() + (size_t) (p.row + j) * V, p.adjust ? p.adjust + j * V : nullptr, V, s.sp,
+                               emitted[j]);
+        }
         if (s.emit(emitted[j], j < (size_t) accepted, eog)) {
             break;
+        }
+    }
+    if (s.adjust) {
+        s.adjust->undo();
+        p.adjust = nullptr;
+        try {
+            s.adjust->accept(emitted.data(), n_emitted);
+        } catch (const std::exception & e) {  // finish the step (it committed), then fail it
+            if (failed_commit.empty()) {
+                failed_commit = e.what();
+            }
         }
     }
     // keep the anchor and the accepted drafts in the target cache

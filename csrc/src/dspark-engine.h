@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <map>
+#include <string>
 #include <vector>
 
 using clock_t_point = std::chrono::steady_clock::time_point;
@@ -61,7 +62,9 @@ struct dspark_engine {
 
   private:
     void    check_seq_id(int32_t seq_id) const;
-    void    prefill(int32_t seq_id, const dspark_request & req, int32_t from);
+    int32_t prefill(dspark_seq_state & s, const dspark_request & req, int32_t from);  // the last row's index
+    dspark_token first_token(dspark_seq_state & s, const float * logits);
+    std::string failed_commit;  // a constraint's commit failure in this step (thrown at its end)
     void    clear_new_tokens();
     int32_t step_once();  // one step, adding to each sequence's new tokens; returns the active count
     struct plan : dspark_verify_block {  // one sequence's part of a step
@@ -75,6 +78,7 @@ struct dspark_engine {
         bool steady = false;  // it injected no more than a step's rows (no catching up)
     };
     drafted draft_blocks(std::vector<plan> & plans, int k_greedy);
+    void constrain_drafts(std::vector<plan> & plans);
     void verify(std::vector<plan> & plans);
     double verify_chunk(std::vector<plan> & plans, size_t begin, size_t end);
     bool   in_graph_sampling(const std::vector<plan> & plans, size_t begin, size_t end) const;

@@ -32,6 +32,13 @@ dspark_seq_state::dspark_seq_state(int32_t seq_id, const dspark_request & r, int
         }
         stops.emplace_back(r.stop_tokens + off, r.stop_tokens + off + r.stop_lens[i]);
     }
+    dspark_adjuster::check(r, n_vocab);
+    if (dspark_adjuster::wanted(r)) {
+        adjust = std::make_shared<dspark_adjuster>(r, n_vocab, n_draft + 1);
+    }
+    logprobs = r.logprobs;
+    want_prompt_logprobs = r.prompt_logprobs;
+    new_logprobs.top = prompt_logprobs.top = r.top_logprobs;
     stats = dspark_spec_stats();
     stats.n_prompt = r.n_prompt;
     acc = dspark_acceptance(n_draft);

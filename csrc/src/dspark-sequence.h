@@ -4,9 +4,11 @@
 
 #include "dspark.h"
 #include "dspark-acceptance.h"
+#include "dspark-adjust.h"
 #include "dspark-logprobs.h"
 #include "dspark-sampler.h"
 
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -27,6 +29,8 @@ struct dspark_seq_state {
     std::vector<dspark_token> new_tokens;       // committed by the last add / step
     std::vector<uint8_t>      new_from_draft;
     bool                      logprobs = false;  // record new_logprobs (the request asked for them)
+    bool                      want_prompt_logprobs = false;
+    std::shared_ptr<dspark_adjuster> adjust;    // bias / penalties / constraint; null: none asked for
     dspark_logprobs           new_logprobs;     // of new_tokens
     dspark_logprobs           prompt_logprobs;  // of prompt tokens 1 .. n-1 (prompt_logprobs requests)
     dspark_acceptance         acc;              // its recent acceptance by position (adaptive schedules)
@@ -36,6 +40,9 @@ struct dspark_seq_state {
     // The sequence of a request: its sampler, seeds, limits and stop sequences, the request checked
     // against the target's vocabulary and context (throws INVALID_ARGUMENT naming the bad value).
     dspark_seq_state(int32_t id, const dspark_request & r, int32_t n_vocab, uint32_t n_ctx, int n_draft);
+
+    // Does this sequence sample on the host (its logits are needed: adjustments, logprobs)?
+    bool needs_logits() const { return adjust || logprobs; }
 
     // Emit token t (a draft's or the target's own); returns whether it ends the sequence (an
     // end-of-generation token, max_tokens, a stop sequence), and then sets the status.

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from .engine import Engine
+from .logprobs import TokenLogprob
 from .errors import AbortedError, ContextFullError
 from .interrupt import Interrupt
 from .results import ENGINE_FINISH, GenerationChunk, GenerationStats
@@ -24,15 +25,14 @@ if TYPE_CHECKING:
 
 @dataclass
 class Request:
-    """One prompt to generate from. ``index`` is echoed in its chunks; ``constraint``: its own grammar
-    state (structured.GrammarConstraint) when the sampling asks for structured output."""
+    """One prompt to generate from. ``index`` is echoed in its chunks."""
 
     prompt: list[int]
     sampling: SamplingParams
     stop_texts: list[str]
     stop_token_ids: list[int]
     index: int = 0
-    constraint: Any = None
+    constraint: Any | None = None  # a token constraint for Engine.add (structured output)
 
 
 class LiveSequence:
@@ -48,9 +48,12 @@ class LiveSequence:
         self.n_tokens = 0
         self.t_start = time.perf_counter()
         self.t_prefilled = self.t_start
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None  # handed out with the first chunk
 
-    def accept(self, tokens: Sequence[int], from_draft: Sequence[bool], status: str) -> GenerationChunk:
-        """Turn tokens the engine committed into a chunk; ``status`` is the engine's after them."""
+    def accept(self, tokens: Sequence[int], from_draft: Sequence[bool], status: str,
+               logprobs: list[TokenLogprob] | None = None) -> GenerationChunk:
+        """Turn tokens the engine committed into a chunk; ``status`` is the engine's after them;
+        ``logprobs`` (a request with logprobs) one entry per token."""
         ended_by_token = status in ("eog", "stop")
         texts: list[str] = []
         n_kept = len(tokens)
@@ -67,7 +70,8 @@ class LiveSequence:
             finish = "stop" if self.stops.stopped else finish
         self.n_tokens += n_kept
         return GenerationChunk("".join(texts), list(tokens[:n_kept]), list(from_draft[:n_kept]),
-                               self.request.index, finish)
+                               self.request.index, finish,
+                               logprobs=logprobs[:n_kept] if logprobs is not None else None)
 
     @classmethod
     def start(cls, engine: Engine, request: Request, seq_id: int,
@@ -81,6 +85,8 @@ class LiveSequence:
         seq = cls(request, seq_id, tokenizer)
         tokens = engine.add(seq_id, request.prompt, request.sampling, [[t] for t in request.stop_token_ids],
                             constraint=request.constraint)
+        if request.sampling.prompt_logprobs is not None:
+            seq.prompt_logprobs = engine.prompt_logprobs(seq_id, request.prompt)
         return seq, tokens
 
     def close(self, engine: Engine) -> GenerationStats:
@@ -208,7 +214,10 @@ class DecodeLoop:
 
     def _chunk(self, seq: LiveSequence, tokens: Sequence[int],
                from_draft: Sequence[bool]) -> GenerationChunk:
-        chunk = seq.accept(tokens, from_draft, self.engine.status(seq.seq_id))
+        want = seq.request.sampling.logprobs is not None
+        logprobs = self.engine.new_logprobs(seq.seq_id) if want else None
+        chunk = seq.accept(tokens, from_draft, self.engine.status(seq.seq_id), logprobs)
+        chunk.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
         return self._finish(seq, chunk) if chunk.finish_reason else chunk
 
     def _finish(self, seq: LiveSequence, chunk: GenerationChunk) -> GenerationChunk:

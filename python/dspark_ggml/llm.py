@@ -14,14 +14,14 @@ from .context import Context
 from .decode_loop import DecodeLoop, Request
 from .draft import DraftContext, DraftModel
 from .engine import Engine, build_engine
-from .errors import DSparkError, InvalidArgumentError
+from .errors import DSparkError, InvalidArgumentError, UnsupportedError
 from .interrupt import Interrupt
+from .logprobs import TokenLogprob
 from .model import Model
 from .results import GenerationChunk, GenerationResult
 from .rpc import add_rpc_servers
 from .sampling import SamplingParams, with_options
 from .speculative import SpeculativeConfig, coerce_speculative, resolve_method
-from .structured import constraint_for
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -331,9 +331,23 @@ class LLM(Closing):
         if bad:
             raise InvalidArgumentError(f"stop_token_ids {bad} are outside the vocabulary "
                                        f"(0 .. {self.n_vocab - 1})")
-        # structured output: each request its own grammar state, built with the target's tokenizer
-        constraint = constraint_for(self.tokenizer, sampling, self.n_vocab)
-        return Request(self._prompt_tokens(prompt), sampling, stops, stop_ids, index, constraint)
+        bias = [t for t in (sampling.logit_bias or {}) if not 0 <= int(t) < self.n_vocab]
+        if bias:
+            raise InvalidArgumentError(f"logit_bias: token ids {bias} are outside the vocabulary "
+                                       f"(0 .. {self.n_vocab - 1})")
+        return Request(self._prompt_tokens(prompt), sampling, stops, stop_ids, index,
+                       constraint=self._constraint_for(sampling))
+
+    def _constraint_for(self, sampling: SamplingParams) -> Any | None:
+        """The token constraint of a request's json_schema / grammar (None without one), built by
+        the structured-output module with this LLM's tokenizer."""
+        if sampling.json_schema is None and sampling.grammar is None:
+            return None
+        try:
+            from . import structured
+        except ImportError as e:
+            raise UnsupportedError("json_schema / grammar need dspark_ggml.structured (llguidance)") from e
+        return structured.constraint_for(self._require_tokenizer(), sampling, self.n_vocab)
 
     def _check_open(self) -> None:
         if getattr(self, "_closed", False):
@@ -366,20 +380,27 @@ class LLM(Closing):
         tokens: list[list[int]] = [[] for _ in requests]
         from_draft: list[list[bool]] = [[] for _ in requests]
         last: list[GenerationChunk | None] = [None] * len(requests)
+        logprobs: list[list[TokenLogprob] | None] = [[] if r.sampling.logprobs is not None else None for r in requests]
+        prompt_logprobs: list[list[TokenLogprob | None] | None] = [None] * len(requests)
         try:
             for chunk in chunks:
                 i = chunk.index
                 texts[i].append(chunk.text)
                 tokens[i] += chunk.tokens
                 from_draft[i] += chunk.from_draft
+                if chunk.logprobs is not None and logprobs[i] is not None:
+                    logprobs[i] += chunk.logprobs  # type: ignore[operator]
+                if chunk.prompt_logprobs is not None:
+                    prompt_logprobs[i] = chunk.prompt_logprobs
                 if chunk.finish_reason is not None:
                     last[i] = chunk
         finally:
             chunks.close()  # at once, even when the traceback of an exception keeps this frame alive
         results = []
-        for r, t, tok, fd, end in zip(requests, texts, tokens, from_draft, last):
+        for i, (r, t, tok, fd, end) in enumerate(zip(requests, texts, tokens, from_draft, last)):
             assert end is not None and end.finish_reason is not None and end.stats is not None
-            results.append(GenerationResult("".join(t), tok, end.finish_reason, end.stats, r.prompt, fd))
+            results.append(GenerationResult("".join(t), tok, end.finish_reason, end.stats, r.prompt, fd,
+                                            logprobs=logprobs[i], prompt_logprobs=prompt_logprobs[i]))
         return results
 
     def __repr__(self) -> str:

@@ -65,6 +65,8 @@ class GenerationChunk:
             "length", "context_full", "aborted".
         stats: on the last chunk, the request's statistics; else None.
         logprobs: with ``SamplingParams(logprobs=k)``, one entry per token; else None.
+        prompt_logprobs: on the first chunk of a request with ``prompt_logprobs``, one entry per
+            prompt token (None for the first); else None.
     """
 
     text: str
@@ -74,7 +76,7 @@ class GenerationChunk:
     finish_reason: str | None = None
     stats: GenerationStats | None = None
     logprobs: list[TokenLogprob] | None = None
-    prompt_logprobs: list[TokenLogprob] | None = None  # the server's first chunk of an echo request
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass

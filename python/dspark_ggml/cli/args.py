@@ -108,10 +108,17 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default: {d.max_tokens})")
     g.add_argument("--stop", action="append", metavar="TEXT",
                    help="stop before this text (repeatable)")
+    g.add_argument("--repeat-penalty", dest="repeat_penalty", type=float, metavar="R",
+                   help=f"llama.cpp's repeat penalty; 1.0 = off (default: {d.repeat_penalty})")
+    g.add_argument("--repeat-last-n", dest="penalty_last_n", type=int, metavar="N",
+                   help=f"tokens the penalties look back over; 0 = off, -1 = the context (default: {d.penalty_last_n})")
+    g.add_argument("--presence-penalty", type=float, metavar="P", help=f"OpenAI's, in [-2, 2] (default: {d.presence_penalty})")
+    g.add_argument("--frequency-penalty", type=float, metavar="P", help=f"OpenAI's, in [-2, 2] (default: {d.frequency_penalty})")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
-    names = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "stop")
+    names = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "stop", "repeat_penalty",
+             "penalty_last_n", "presence_penalty", "frequency_penalty", "logprobs")  # logprobs: generate's
     given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     if given.get("max_tokens") == -1:
         given["max_tokens"] = None

@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="send the prompt as one user message through the chat template")
     g.add_argument("--json", action="store_true",
                    help="print one JSON object (tokens, text, finish_reason, stats) instead of streaming")
+    g.add_argument("--logprobs", type=int, metavar="K",
+                   help="with --json: each generated token's logprob and its top K (0..20) alternatives")
     add_model_arguments(p)
     add_speculative_arguments(p)
     add_sampling_arguments(p)
@@ -82,6 +84,8 @@ def _parse_token_ids(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
+    if args.logprobs is not None and not args.json:
+        raise InvalidArgumentError("--logprobs needs --json (the streamed text has no place for them)")
     sampling = sampling_from_args(args)
     with build_llm(args) as llm:
         if args.chat:
