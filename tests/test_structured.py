@@ -146,3 +146,12 @@ def test_tool_grammar_takes_only_the_forced_call_and_the_parser_reads_it(tok):
     assert fn["name"] == "get_weather" and json.loads(fn["arguments"]) == {"city": "Paris"}
     assert parse_calls("<tool_call>\n{broken\n</tool_call>", choice).calls == []
     assert parse_calls('<tool_call>{"name": "nope", "arguments": {}}</tool_call>', choice).calls == []
+
+
+def test_the_end_token_after_a_complete_document_commits(tok):
+    ids = tok.encode('{"name": "Bo", "age": 4}', add_special=False)
+    c = GrammarConstraint.from_json_schema(tok, SCHEMA)
+    for t in ids:
+        c.commit([t])
+    assert c.accepting
+    c.commit([sorted(tok.eog_ids)[0]])  # what the engine commits last

@@ -204,8 +204,13 @@ class GrammarConstraint:
     def commit(self, tokens: Sequence[int]) -> None:
         """Advance over committed tokens. Raises RuntimeError if the grammar rejects one (the engine
         only commits tokens its masks allowed, so that is a bug)."""
-        if tokens and not self._matcher.consume_tokens([int(t) for t in tokens]):
-            raise RuntimeError(f"the grammar rejected committed tokens {list(tokens)}: {self.error}")
+        m = self._matcher
+        for t in tokens:
+            if t in self._eog and (m.is_stopped() or m.is_accepting()):
+                return  # the end of a complete document: the sequence ends with it (a stopped
+                # matcher refuses even the end token)
+            if not m.consume_token(int(t)):
+                raise RuntimeError(f"the grammar rejected committed token {t} (of {list(tokens)}): {self.error}")
 
     def _fill_row(self, out: np.ndarray, i: int) -> None:
         row = out[i]
