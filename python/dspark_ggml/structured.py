@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
@@ -163,6 +164,7 @@ class GrammarConstraint:
         self._matcher = llg.LLMatcher(self._ll, grammar, log_level=0)
         if self._matcher.is_error():
             raise InvalidArgumentError(f"invalid grammar: {self._matcher.get_error()}")
+        self.seconds = 0.0  # time spent in fill_masks and commit (the constraint's cost per token)
 
     @classmethod
     def from_json_schema(cls, tokenizer: Tokenizer, schema: dict | str | bool,
@@ -186,6 +188,7 @@ class GrammarConstraint:
                 out.shape[0] < len(tokens) + 1 or not out.flags["C_CONTIGUOUS"]:
             raise ValueError(f"masks must be contiguous uint32 [{len(tokens) + 1}, {self.n_words}]")
         m = self._matcher
+        t0 = time.perf_counter()
         self._fill_row(out, 0)
         consumed = 0
         try:
@@ -199,18 +202,24 @@ class GrammarConstraint:
         finally:
             if consumed:
                 m.rollback(consumed)
+            self.seconds += time.perf_counter() - t0
         return consumed + 1
 
     def commit(self, tokens: Sequence[int]) -> None:
         """Advance over committed tokens. Raises RuntimeError if the grammar rejects one (the engine
         only commits tokens its masks allowed, so that is a bug)."""
         m = self._matcher
-        for t in tokens:
-            if t in self._eog and (m.is_stopped() or m.is_accepting()):
-                return  # the end of a complete document: the sequence ends with it (a stopped
-                # matcher refuses even the end token)
-            if not m.consume_token(int(t)):
-                raise RuntimeError(f"the grammar rejected committed token {t} (of {list(tokens)}): {self.error}")
+        t0 = time.perf_counter()
+        try:
+            for t in tokens:
+                if t in self._eog and (m.is_stopped() or m.is_accepting()):
+                    return  # the end of a complete document: the sequence ends with it (a stopped
+                    # matcher refuses even the end token)
+                if not m.consume_token(int(t)):
+                    raise RuntimeError(f"the grammar rejected committed token {t} (of {list(tokens)}): "
+                                       f"{self.error}")
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def _fill_row(self, out: np.ndarray, i: int) -> None:
         row = out[i]
