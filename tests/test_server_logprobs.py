@@ -15,9 +15,9 @@ _, _, openai, httpx = (pytest.importorskip(name) for name in ("fastapi", "uvicor
 
 from dspark_ggml import LLM  # noqa: E402
 from dspark_ggml.context import Context  # noqa: E402
-from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
-
 from server_process import FA_ARGS, SERVER_FA, ServerProcess  # noqa: E402
+
+from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
 
 PROMPT = "def fibonacci(n):\n"
 OFF = {"speculative": False}  # the same server, target only

@@ -17,7 +17,6 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 from dspark_ggml.errors import DSparkError  # noqa: E402
-
 from server_process import ServerProcess  # noqa: E402
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],

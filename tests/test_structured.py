@@ -14,6 +14,7 @@ pytest.importorskip("llguidance")
 from dspark_ggml.errors import InvalidArgumentError  # noqa: E402
 from dspark_ggml.structured import GrammarConstraint, json_object_grammar, json_schema_grammar  # noqa: E402
 from dspark_ggml.tokenizer import Tokenizer  # noqa: E402
+
 from tests.tiny_pair import TARGET_PATH  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -72,7 +73,7 @@ def test_a_rejected_draft_token_ends_the_rows(tok):
 
 def test_an_end_token_in_the_draft_ends_the_rows(tok):
     ids = tok.encode('{"name": "Bo", "age": 4}', add_special=False)
-    eog = sorted(tok.eog_ids)[0]
+    eog = min(tok.eog_ids)
     c = GrammarConstraint.from_json_schema(tok, SCHEMA)
     n, rows = masks(c, ids + [eog])
     assert n == len(ids) + 1 and eog in allowed(rows[len(ids)], c.n_vocab)
@@ -154,4 +155,4 @@ def test_the_end_token_after_a_complete_document_commits(tok):
     for t in ids:
         c.commit([t])
     assert c.accepting
-    c.commit([sorted(tok.eog_ids)[0]])  # what the engine commits last
+    c.commit([min(tok.eog_ids)])  # what the engine commits last

@@ -20,8 +20,6 @@ import numpy as np
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    import llguidance
-
     from .tokenizer import Tokenizer
 
 
@@ -50,7 +48,7 @@ def _llguidance() -> Any:
 
 # ---- the grammar engine's view of our tokenizer --------------------------------------------------
 
-_LL_TOKENIZERS: "weakref.WeakKeyDictionary[Tokenizer, Any]" = weakref.WeakKeyDictionary()
+_LL_TOKENIZERS: weakref.WeakKeyDictionary[Tokenizer, Any] = weakref.WeakKeyDictionary()
 _LL_LOCK = threading.Lock()
 
 

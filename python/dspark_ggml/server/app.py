@@ -19,10 +19,10 @@ from ..errors import DSparkError, InvalidArgumentError
 from .embeddings import encode
 from .errors import ApiError, bad_request, error_body, unavailable
 from .generation import CompletionStream, respond_stream, respond_whole
+from .logprobs import LogprobText
 from .prompts import choice_requests, prompt_tokens, tokenize
 from .protocol import (GenerationRequest, parse_chat, parse_completion, parse_detokenize, parse_embeddings,
                        parse_responses, parse_tokenize)
-from .logprobs import LogprobText
 from .responses import Extras, ResponseBuilder
 from .responses_api import ResponseObject, ResponseStream
 from .scheduler import QueueFullError

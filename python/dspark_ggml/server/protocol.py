@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from ..sampling import SamplingParams
 from ..errors import InvalidArgumentError
+from ..sampling import SamplingParams
 from ..structured import json_schema_grammar, lark_grammar
 from .engines import SpecOverride, with_ignore_eos
 from .errors import ApiError, bad_request
