@@ -169,6 +169,22 @@ def test_backend_sampling_draws_what_host_sampling_draws(files, accel):
     assert _run(target, draft, sp, backend_sampling=False) == host
 
 
+def test_the_adjust_input_of_the_in_graph_sampler_on_the_device(files, accel):
+    """A request's additive adjustment (logit bias, presence / frequency penalties) enters the
+    device's verify graph as the sampler's adjust input: the same tokens as the host adding it to
+    the device's logits, greedy and seeded sampled, with and without a draft."""
+    target_path, drafts = files
+    target = Model(target_path, device=accel.index)
+    draft = DraftModel(drafts["dspark"], target)
+    fields = dict(logit_bias={5: 3.0, 9: float("-inf")}, presence_penalty=1.0, frequency_penalty=0.5)
+    for sp in (SamplingParams(max_tokens=24, **fields),
+               SamplingParams(temperature=0.9, top_k=20, max_tokens=24, seed=99, **fields)):
+        host = _run(target, None, sp, backend_sampling=False)
+        assert all(9 not in out for out in host)
+        assert _run(target, None, sp, backend_sampling=True) == host
+        assert _run(target, draft, sp, backend_sampling=True) == host
+
+
 def test_the_in_graph_sampler_on_the_device_draws_what_the_host_draws(accel):
     """Every on/off combination of the sampler's stages, and one batch mixing them with random
     values and a per-row adjustment (bans as -inf), at uniforms inside one token's share of the

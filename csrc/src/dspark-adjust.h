@@ -28,11 +28,15 @@ class dspark_adjuster {
     static bool wanted(const dspark_request & r);
 
     bool constrained() const { return constraint != nullptr; }
+    // Does a row's adjustment depend on its logits (the repeat penalty)? Else it can be filled
+    // before the verify and added inside the graph.
+    bool needs_logits() const { return last_n > 0 && repeat != 1.0f; }
     // Ask the constraint for the masks of a block (draft[0 .. k)); returns the draft tokens it
     // allows in a row (the block is cut there). Throws when the callback fails.
     int  ask_masks(const dspark_token * draft, int k);
     // Fill rows 0 .. k of the adjustment for the logits rows [k + 1][n_vocab] of a block after
     // draft[0 .. k) (the masks of the last ask_masks when constrained); returns the rows [k+1][V].
+    // `logits` may be null unless needs_logits().
     const float * fill(const float * logits, const dspark_token * draft, int k);
     void undo();  // zero what the last fill wrote
     // Committed tokens: into the penalty window, and to the constraint (throws when it fails).

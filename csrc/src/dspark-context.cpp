@@ -219,7 +219,8 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
     });
     const target_graph & io = cached_io;
     if (sampling) {
-        dspark_set_sampler_inputs(io.sampler, *sampling, key.sampler, hp().n_vocab);
+        dspark_set_sampler_inputs(io.sampler, *sampling, key.sampler, hp().n_vocab,
+                                  sampling->adjust.empty() ? nullptr : sampling->adjust.data());
     }
 
     dspark_set_input(io.tokens, b.token, sizeof(int32_t) * T);

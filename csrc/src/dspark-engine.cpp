@@ -309,6 +309,7 @@ int32_t dspark_engine::run(int32_t max_steps) {
 }
 
 int32_t dspark_engine::step_once() {
+    failed_commit.clear();  // (a step that threw earlier left nothing to report here)
     std::vector<plan> plans;
     for (auto & kv : seqs) {
         dspark_seq_state & s = kv.second;
@@ -562,6 +563,26 @@ bool dspark_engine::in_graph_sampling(const std::vector<plan> & plans, size_t be
     return true;
 }
 
+// The in-graph sampler's adjustment input of a chunk: every row's, zero for sequences without one
+// (only when some sequence of the chunk has one: the others' batches keep their graphs).
+void dspark_engine::adjust_rows(const std::vector<plan> & plans, size_t begin, size_t end, dspark_sampler_rows & rows) const {
+    bool any = false;
+    for (size_t i = begin; i < end; ++i) {
+        any = any || plans[i].adjust;
+    }
+    if (!any) {
+        return;
+    }
+    const size_t V = (size_t) tgt.hp().n_vocab;
+    rows.adjust.assign(rows.size() * V, 0.0f);
+    for (size_t i = begin; i < end; ++i) {
+        const plan & p = plans[i];
+        if (p.adjust) {
+            std::copy(p.adjust, p.adjust + (p.draft.size() + 1) * V, rows.adjust.begin() + (size_t) p.row * V);
+        }
+    }
+}
+
 // Decode plans [begin, end) in one target batch, then accept and commit each of them.
 double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size_t end) {
     auto t0 = clock_type::now();
@@ -583,6 +604,9 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
         if (!backend) {
             continue;
         }
+        if (p.s->adjust) {  // additive only here (needs_logits() sends the chunk to the host)
+            p.adjust = p.s->adjust->fill(nullptr, p.draft.data(), k);
+        }
         if (p.rejection_sampled()) {
             // p of each draft token in the graph; the last row samples the bonus token
             rows.probing = true;
@@ -596,6 +620,9 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
                 rows.add(p.s->sp, u[j]);
             }
         }
+    }
+    if (backend) {
+        adjust_rows(plans, begin, end, rows);
     }
     std::vector<int8_t> out(tok.size(), 1);
     const uint64_t builds = tgt.n_graphs_built;
@@ -620,7 +647,7 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
     const int V = tgt.hp().n_vocab;
     for (size_t i = begin; i < end; ++i) {
         plan & p = plans[i];
-        if (p.s->adjust) {  // the adjusted rows the acceptance rules read (host sampling)
+        if (p.s->adjust && !backend) {  // the adjusted rows the acceptance rules read (host sampling)
             p.adjust = p.s->adjust->fill(tgt.logits.data() + (size_t) p.row * V, p.draft.data(), (int) p.draft.size());
         }
         const bool rejection = p.rejection_sampled();

@@ -8,7 +8,11 @@
 // The engine is the step loop; its parts live with what they are about: a sequence's request,
 // limits and counters (dspark-sequence.h), the acceptance rules (dspark-acceptance.h), the block
 // length schedules with their cost calibration and the confidence cut (dspark-block-schedule.h,
-// dspark-cost-curve.h), the sampler (dspark-sampler.h).
+// dspark-cost-curve.h), the sampler (dspark-sampler.h), a request's adjustment of the logits —
+// logit bias, penalties, a constraint's masks, one row per verify row (dspark-adjust.h) — and
+// the logprobs of committed tokens (dspark-logprobs.h). A sequence with logprobs or a repeat
+// penalty samples its verify batch on the host (its rows' logits are read back); its other
+// adjustments are additive and go into an in-graph sampler as an input; the others pay nothing.
 #pragma once
 
 #include "dspark.h"
@@ -82,6 +86,7 @@ struct dspark_engine {
     void verify(std::vector<plan> & plans);
     double verify_chunk(std::vector<plan> & plans, size_t begin, size_t end);
     bool   in_graph_sampling(const std::vector<plan> & plans, size_t begin, size_t end) const;
+    void   adjust_rows(const std::vector<plan> & plans, size_t begin, size_t end, dspark_sampler_rows & rows) const;
     void commit(plan & p, const std::vector<dspark_token> & out, int n_drafted_accepted);
     int    draft_budget(const dspark_seq_state & s) const;
 };

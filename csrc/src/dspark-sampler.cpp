@@ -88,6 +88,7 @@ void dspark_sampler_row_inputs(const dspark_sampler_params & p, const dspark_sam
 dspark_sampler_shape dspark_sampler_rows::shape(int n_vocab) const {
     dspark_sampler_shape s;
     s.probe = probing;
+    s.adjust = !adjust.empty();
     int k_max = 0;
     bool all_top_k = true;
     for (const dspark_sampler_params & p : params) {

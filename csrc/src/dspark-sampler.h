@@ -104,13 +104,14 @@ enum dspark_sampler_input {
     DSPARK_SAMPLER_N_INPUTS,
 };
 
-// The rows of one in-graph sampler: each row's sampler, uniform and probe token (and later its
-// adjustment); from them the shape of the graph and the values of its inputs.
+// The rows of one in-graph sampler: each row's sampler, uniform, probe token and (for all rows or
+// none) adjustment; from them the shape of the graph and the values of its inputs.
 struct dspark_sampler_rows {
     std::vector<dspark_sampler_params> params;
     std::vector<float>                 u;
     std::vector<float>                 probe;   // token ids as numbers
     bool                               probing = false;
+    std::vector<float>                 adjust;  // [size()][n_vocab] each row's adjustment; empty: none
 
     void add(const dspark_sampler_params & p, float ui, float probe_id = 0.0f) {
         params.push_back(p);

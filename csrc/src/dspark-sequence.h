@@ -41,8 +41,9 @@ struct dspark_seq_state {
     // against the target's vocabulary and context (throws INVALID_ARGUMENT naming the bad value).
     dspark_seq_state(int32_t id, const dspark_request & r, int32_t n_vocab, uint32_t n_ctx, int n_draft);
 
-    // Does this sequence sample on the host (its logits are needed: adjustments, logprobs)?
-    bool needs_logits() const { return adjust || logprobs; }
+    // Does this sequence sample on the host (its logits are needed: logprobs, a repeat penalty)?
+    // Its other adjustments are additive, and go into an in-graph sampler as an input.
+    bool needs_logits() const { return logprobs || (adjust && adjust->needs_logits()); }
 
     // Emit token t (a draft's or the target's own); returns whether it ends the sequence (an
     // end-of-generation token, max_tokens, a stop sequence), and then sets the status.

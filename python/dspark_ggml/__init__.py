@@ -29,7 +29,8 @@ _LAZY = {
 __all__ = [
     "__version__", "LLM", "load", "SamplingParams", "SpeculativeConfig", "GenerationResult",
     "GenerationChunk", "GenerationStats", "DSparkError", "Model", "Context", "DraftModel", "DraftContext",
-    "Engine", "SpecStats", "Tokenizer", "devices", "system_info", "add_rpc_server", "serve_rpc", "TokenLogprob",
+    "Engine", "SpecStats", "Tokenizer", "devices", "system_info", "add_rpc_server", "serve_rpc",
+    "TokenLogprob",
 ]
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from ._handle import NativeHandle
 from .context import Context
 from .draft import DraftContext, DraftModel
 from .constraint import ConstraintBinding
-from .errors import ConstraintError, DSparkError, InvalidArgumentError
+from .errors import ConstraintError, InvalidArgumentError
 from .logprobs import TokenLogprob, read_logprobs
 from .model import Model
 from .sampling import SamplingParams
@@ -153,24 +153,34 @@ class Engine(NativeHandle):
         binding = ConstraintBinding(constraint) if constraint is not None else None
         if binding is not None:
             r.constraint = binding.c
-        self._params[seq_id] = sp
-        self._constraints.pop(seq_id, None)
+        # the new callbacks must be findable while add runs (a failure in them); the old ones go
+        # once the new request replaced the old sequence
+        old = self._constraints.pop(seq_id, None), self._params.get(seq_id)
         if binding is not None:
             self._constraints[seq_id] = binding
-        self._checked(lib.dspark_engine_add(self.handle, seq_id, r))
+        try:
+            self._checked(lib.dspark_engine_add(self.handle, seq_id, r))
+        except BaseException:
+            self._constraints.pop(seq_id, None)
+            if old[0] is not None:  # a refused request leaves the old sequence as it was
+                self._constraints[seq_id] = old[0]
+            raise
+        self._params[seq_id] = sp
         return self.new_tokens(seq_id)[0]
 
     def _checked(self, status: int) -> int:
         """_lib.check, but a failure a constraint callback caused raises ConstraintError from the
-        callback's exception."""
-        try:
+        callback's exception. (No exception is bound in this frame while one propagates: a
+        frame <-> exception cycle would hand the engine and its contexts to the cycle collector,
+        which may free a context before the engine.)"""
+        if status >= 0:
+            return status
+        failed = [(seq_id, b.take_error()) for seq_id, b in self._constraints.items()]
+        cause = next(((seq_id, c) for seq_id, c in failed if c is not None), None)
+        if cause is None:
             return _lib.check(status)
-        except DSparkError as e:
-            for seq_id, b in self._constraints.items():
-                cause = b.take_error()
-                if cause is not None:
-                    raise ConstraintError(f"the constraint of sequence {seq_id} failed: {cause!r}") from cause
-            raise e
+        message = f"the constraint of sequence {cause[0]} failed: {cause[1]!r} ({_lib.last_error()})"
+        raise ConstraintError(message) from cause[1]
 
     def cached_prefix(self, seq_id: int, prompt: Sequence[int] | np.ndarray) -> int:
         """How many leading tokens of ``prompt`` the cells of ``seq_id`` hold in both caches (what

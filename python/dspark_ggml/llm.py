@@ -380,7 +380,8 @@ class LLM(Closing):
         tokens: list[list[int]] = [[] for _ in requests]
         from_draft: list[list[bool]] = [[] for _ in requests]
         last: list[GenerationChunk | None] = [None] * len(requests)
-        logprobs: list[list[TokenLogprob] | None] = [[] if r.sampling.logprobs is not None else None for r in requests]
+        logprobs: list[list[TokenLogprob] | None] = [[] if r.sampling.logprobs is not None else None
+                                                     for r in requests]
         prompt_logprobs: list[list[TokenLogprob | None] | None] = [None] * len(requests)
         try:
             for chunk in chunks:

@@ -89,7 +89,8 @@ class SamplingParams:
             if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or not 0 <= int(tok) < 2**31:
                 raise InvalidArgumentError(f"logit_bias: token id {tok!r} must be an integer >= 0")
             if not isinstance(b, (int, float, np.number)) or math.isnan(b) or b == math.inf:
-                raise InvalidArgumentError(f"logit_bias: the bias of token {tok} must be a number or -inf, got {b!r}")
+                raise InvalidArgumentError(f"logit_bias: the bias of token {tok} must be a number or -inf, "
+                                           f"got {b!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
@@ -98,11 +99,14 @@ class SamplingParams:
             raise InvalidArgumentError(f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty!r}")
         if isinstance(self.penalty_last_n, bool) or not isinstance(self.penalty_last_n, int) \
                 or not -1 <= self.penalty_last_n < 2**31:
-            raise InvalidArgumentError(f"penalty_last_n must be -1 (the context), 0 (off) or > 0, got {self.penalty_last_n!r}")
+            raise InvalidArgumentError("penalty_last_n must be -1 (the context), 0 (off) or > 0, "
+                                       f"got {self.penalty_last_n!r}")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOP_LOGPROBS):
-                raise InvalidArgumentError(f"{name} must be None or an integer in 0..{MAX_TOP_LOGPROBS}, got {v!r}")
+            bad = isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOP_LOGPROBS
+            if v is not None and bad:
+                raise InvalidArgumentError(f"{name} must be None or an integer in 0..{MAX_TOP_LOGPROBS}, "
+                                           f"got {v!r}")
         if self.json_schema is not None and self.grammar is not None:
             raise InvalidArgumentError("json_schema and grammar are exclusive: give one")
 

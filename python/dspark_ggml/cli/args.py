@@ -111,9 +111,12 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repeat-penalty", dest="repeat_penalty", type=float, metavar="R",
                    help=f"llama.cpp's repeat penalty; 1.0 = off (default: {d.repeat_penalty})")
     g.add_argument("--repeat-last-n", dest="penalty_last_n", type=int, metavar="N",
-                   help=f"tokens the penalties look back over; 0 = off, -1 = the context (default: {d.penalty_last_n})")
-    g.add_argument("--presence-penalty", type=float, metavar="P", help=f"OpenAI's, in [-2, 2] (default: {d.presence_penalty})")
-    g.add_argument("--frequency-penalty", type=float, metavar="P", help=f"OpenAI's, in [-2, 2] (default: {d.frequency_penalty})")
+                   help=f"tokens the penalties look back over; 0 = off, -1 = the context "
+                        f"(default: {d.penalty_last_n})")
+    g.add_argument("--presence-penalty", type=float, metavar="P",
+                   help=f"OpenAI's, in [-2, 2] (default: {d.presence_penalty})")
+    g.add_argument("--frequency-penalty", type=float, metavar="P",
+                   help=f"OpenAI's, in [-2, 2] (default: {d.frequency_penalty})")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
