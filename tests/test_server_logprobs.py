@@ -26,8 +26,8 @@ K = 5
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["-m", TARGET_PATH, "-md", DRAFT_PATH, "-t", "1", "-np", "4", "--spec-schedule", "static",
-                         *FA_ARGS], tmp_path_factory.mktemp("lp") / "server.log")
+    srv = ServerProcess(["-m", TARGET_PATH, "-md", DRAFT_PATH, "-t", "1", "-np", "4",
+                         "--spec-schedule", "static", *FA_ARGS], tmp_path_factory.mktemp("lp") / "server.log")
     yield srv
     assert srv.terminate() == 0, srv.log()
     assert "Traceback" not in srv.log(), srv.log()
@@ -101,12 +101,13 @@ def test_logprobs_equal_with_draft_on_and_off_and_to_llm_generate(http, oai, ref
     # chat through the openai client: the same values with the draft on and off
     msgs = [{"role": "user", "content": "Write a function that adds two numbers"}]
     c_on = oai.chat.completions.create(model="m", messages=msgs, max_tokens=10, logprobs=True, top_logprobs=3)
-    c_off = oai.chat.completions.create(model="m", messages=msgs, max_tokens=10, logprobs=True, top_logprobs=3,
-                                        extra_body=OFF)
+    c_off = oai.chat.completions.create(model="m", messages=msgs, max_tokens=10, logprobs=True,
+                                        top_logprobs=3, extra_body=OFF)
     e_on, e_off = c_on.choices[0].logprobs.content, c_off.choices[0].logprobs.content
     assert [e.token for e in e_on] == [e.token for e in e_off] and len(e_on) == c_on.usage.completion_tokens
     assert close([e.logprob for e in e_on], [e.logprob for e in e_off], 1e-5)
-    assert all(len(e.top_logprobs) == 3 and bytes(e.bytes).decode("utf-8", "replace") == e.token for e in e_on)
+    assert all(len(e.top_logprobs) == 3 and bytes(e.bytes).decode("utf-8", "replace") == e.token
+               for e in e_on)
     assert "".join(e.token for e in e_on) == c_on.choices[0].message.content
 
 
@@ -163,7 +164,8 @@ def test_logit_bias_bans_and_forces(http, reference):
         assert piece not in banned and banned != base
         forced = complete(http, logprobs=0, max_tokens=8, logit_bias={"300": 100}, **extra)
         assert tokens_of(forced) == [reference.detokenize([300], special=True)] * 8
-    sampled = complete(http, max_tokens=16, temperature=1.0, seed=3, logprobs=0, logit_bias={str(common): -100})
+    sampled = complete(http, max_tokens=16, temperature=1.0, seed=3, logprobs=0,
+                       logit_bias={str(common): -100})
     assert piece not in tokens_of(sampled)
 
 
@@ -176,7 +178,8 @@ def test_penalties_change_the_output_and_are_lossless(http, penalty):
     assert on != none
     assert on == off
     seeded = {"temperature": 0.8, "seed": 5, "max_tokens": 24, **penalty}
-    assert complete(http, **seeded)["choices"][0]["text"] == complete(http, **seeded, **OFF)["choices"][0]["text"]
+    text = complete(http, **seeded)["choices"][0]["text"]
+    assert text == complete(http, **seeded, **OFF)["choices"][0]["text"]
 
 
 # ---- bad values ----------------------------------------------------------------------------------
@@ -192,7 +195,8 @@ def test_penalties_change_the_output_and_are_lossless(http, penalty):
     ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
 ])
 def test_bad_values_are_400_and_the_server_goes_on(http, path, body, param):
-    base = {"prompt": PROMPT} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    base = {"prompt": PROMPT} if path == "/v1/completions" else chat
     r = http.post(path, json={**base, "max_tokens": 4, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param

@@ -168,15 +168,18 @@ def test_bad_chat_fields(fields, param):
 
 
 def test_chat_fields_reach_the_sampling_params():
-    req = parse_chat({"messages": HI, "logprobs": True, "top_logprobs": 3, "logit_bias": {"7": -100, "9": 2.5},
+    req = parse_chat({"messages": HI, "logprobs": True, "top_logprobs": 3,
+                      "logit_bias": {"7": -100, "9": 2.5},
                       "presence_penalty": 0.5, "frequency_penalty": -0.25, "repeat_penalty": 1.3,
                       "penalty_last_n": -1, "response_format": {"type": "json_object"}}, DEFAULTS, 4)
     s = req.sampling
     assert (s.logprobs, s.prompt_logprobs, s.logit_bias) == (3, None, {7: -100.0, 9: 2.5})
-    assert (s.presence_penalty, s.frequency_penalty, s.repeat_penalty, s.penalty_last_n) == (0.5, -0.25, 1.3, -1)
+    penalties = (s.presence_penalty, s.frequency_penalty, s.repeat_penalty, s.penalty_last_n)
+    assert penalties == (0.5, -0.25, 1.3, -1)
     assert s.json_schema == {"type": "object"} and s.grammar is None
     forced = parse_chat({"messages": HI, "tools": [TOOL],
-                         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, DEFAULTS, 4)
+                         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+                        DEFAULTS, 4)
     assert forced.tools.forced == "get_weather" and forced.sampling.grammar
     auto = parse_chat({"messages": HI, "tools": [TOOL]}, DEFAULTS, 4)
     assert auto.tools.mode == "auto" and auto.sampling.grammar is None

@@ -31,9 +31,9 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
                                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
                    "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone",
-                                         "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
-                                                        "required": ["zone"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
 
 
 def demo_pair() -> tuple[str, str]:
@@ -110,15 +110,20 @@ def test_streamed_constrained_output(oai):
 
 
 def test_json_object_and_completions(oai, http):
-    for i in range(3):
-        r = oai.chat.completions.create(model="m", messages=person_prompt(i), max_tokens=64,
-                                        response_format={"type": "json_object"})
+    def ask(i: int):
+        return oai.chat.completions.create(model="m", messages=person_prompt(i), max_tokens=48,
+                                           response_format={"type": "json_object"})
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        answers = list(pool.map(ask, range(3)))
+    for r in answers:
         c = r.choices[0]
         if c.finish_reason == "stop":
             assert isinstance(json.loads(c.message.content), dict)
         else:  # cut by max_tokens: still a prefix of an object
             assert c.message.content.lstrip().startswith("{")
-    r = http.post("/v1/completions", json={"prompt": "A person as JSON:", "max_tokens": 48, "response_format": FORMAT})
+    r = http.post("/v1/completions",
+                  json={"prompt": "A person as JSON:", "max_tokens": 48, "response_format": FORMAT})
     assert r.status_code == 200, r.text
     jsonschema.validate(json.loads(r.json()["choices"][0]["text"]), PERSON)
 
@@ -159,19 +164,23 @@ def test_streamed_tool_calls(oai):
 
 
 def test_auto_and_none_and_a_tool_result_turn(oai):
-    r = oai.chat.completions.create(model="m", messages=WEATHER_Q, max_tokens=48, tools=[WEATHER])
-    c = r.choices[0]
+    history = WEATHER_Q + [
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "clear"}'}]
+    asks = [{"messages": WEATHER_Q, "max_tokens": 32},
+            {"messages": WEATHER_Q, "max_tokens": 16, "tool_choice": "none"},
+            {"messages": history, "max_tokens": 16}]
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        auto, none, after = pool.map(
+            lambda kw: oai.chat.completions.create(model="m", tools=[WEATHER], **kw), asks)
+    c = auto.choices[0]
     assert c.finish_reason in ("stop", "length", "tool_calls")
     if c.message.tool_calls:
         check_weather_call(c.message.tool_calls[0])
-    r = oai.chat.completions.create(model="m", messages=WEATHER_Q, max_tokens=16, tools=[WEATHER], tool_choice="none")
-    assert not r.choices[0].message.tool_calls
-    history = WEATHER_Q + [
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
-            "name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "clear"}'}]
-    r = oai.chat.completions.create(model="m", messages=history, max_tokens=24, tools=[WEATHER])
-    assert r.choices[0].message.content
+    assert not none.choices[0].message.tool_calls and none.choices[0].message.content
+    assert after.choices[0].message.content
 
 
 # ---- refusals --------------------------------------------------------------------------------------
@@ -182,7 +191,8 @@ def test_auto_and_none_and_a_tool_result_turn(oai):
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
      "response_format.json_schema.schema"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+     "tool_choice"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
       "tool_choice": "required"}, "tool_choice"),
     ({"tools": [{"type": "function"}]}, "tools[0]"),

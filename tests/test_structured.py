@@ -85,7 +85,8 @@ def test_random_walks_give_valid_documents(tok, grammar):
     rng = random.Random(7)
     n_checked = 0
     for _ in range(20):
-        c = GrammarConstraint(tok, json_schema_grammar(SCHEMA) if grammar == "schema" else json_object_grammar())
+        g = json_schema_grammar(SCHEMA) if grammar == "schema" else json_object_grammar()
+        c = GrammarConstraint(tok, g)
         out: list[int] = []
         for _ in range(400):
             choices = sorted(allowed(masks(c, [])[1][0], c.n_vocab))

@@ -230,7 +230,8 @@ def _allowed(row: np.ndarray, token: int) -> bool:
     return 0 <= token < row.shape[0] * 32 and bool((int(row[token >> 5]) >> (token & 31)) & 1)
 
 
-def constraint_for(tokenizer: Tokenizer | None, sampling: Any, n_vocab: int | None = None) -> GrammarConstraint | None:
+def constraint_for(tokenizer: Tokenizer | None, sampling: Any,
+                   n_vocab: int | None = None) -> GrammarConstraint | None:
     """The constraint a SamplingParams asks for (``json_schema`` or ``grammar``; one sequence's
     own: it keeps the state of that sequence), or None.
 
@@ -243,4 +244,5 @@ def constraint_for(tokenizer: Tokenizer | None, sampling: Any, n_vocab: int | No
     if tokenizer is None:
         raise InvalidArgumentError("structured output (json_schema, grammar) needs a tokenizer and this "
                                    "model has none")
-    return GrammarConstraint(tokenizer, json_schema_grammar(schema) if schema is not None else grammar, n_vocab)
+    return GrammarConstraint(tokenizer, json_schema_grammar(schema) if schema is not None else grammar,
+                             n_vocab)

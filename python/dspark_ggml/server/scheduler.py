@@ -229,7 +229,8 @@ class Scheduler:
                 self._fail(job, e)
                 continue
             slot = self._slots[seq.seq_id] = _Slot(job, seq, engine)
-            self._emit(slot, tokens, [False] * len(tokens), engine.prompt_logprobs(seq.seq_id, job.request.prompt))
+            self._emit(slot, tokens, [False] * len(tokens),
+                       engine.prompt_logprobs(seq.seq_id, job.request.prompt))
 
     def _start(self, job: Job, engine: Engine) -> tuple[LiveSequence, list[int]]:
         """Prefill a job in the slot the prompt cache chooses; its first token(s). When the cells
@@ -283,7 +284,8 @@ class Scheduler:
         status = slot.engine.status(slot.seq_id)
         chunk = slot.seq.accept(tokens, from_draft, status)
         if slot.job.request.sampling.logprobs is not None:
-            chunk.logprobs = text_logprobs(slot.engine.new_logprobs(slot.seq_id), tokens, chunk.tokens, status)
+            entries = slot.engine.new_logprobs(slot.seq_id)
+            chunk.logprobs = text_logprobs(entries, tokens, chunk.tokens, status)
         if prompt_logprobs:
             chunk.prompt_logprobs = prompt_logprobs[1:]  # the first prompt token has none
         if chunk.finish_reason is not None:

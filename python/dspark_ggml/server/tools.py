@@ -155,7 +155,8 @@ def call_grammar(choice: ToolChoice) -> str:
     with parallel_tool_calls) of the forced function or any of them, each valid under its schema."""
     names = [choice.forced] if choice.forced is not None else choice.names
     by_name = {t["function"]["name"]: t["function"] for t in choice.tools}
-    alternatives = [{"type": "object", "properties": {"name": {"const": n}, "arguments": by_name[n]["parameters"]},
+    alternatives = [{"type": "object",
+                     "properties": {"name": {"const": n}, "arguments": by_name[n]["parameters"]},
                      "required": ["name", "arguments"], "additionalProperties": False} for n in names]
     schema = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
     schema = {**schema, "x-guidance": _COMPACT_JSON}
