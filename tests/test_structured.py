@@ -157,3 +157,22 @@ def test_the_end_token_after_a_complete_document_commits(tok):
         c.commit([t])
     assert c.accepting
     c.commit([min(tok.eog_ids)])  # what the engine commits last
+
+
+def test_tools_go_into_the_system_prompt_and_earlier_calls_into_the_text():
+    from dspark_ggml.server.tools import parse_tools, template_takes_tools, with_tools
+
+    choice = parse_tools({"tools": [{"type": "function", "function": {"name": "get_time"}}]})
+    call = {"type": "function", "function": {"name": "get_time", "arguments": {"zone": "UTC"}}}
+    msgs = with_tools([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "time?"},
+                       {"role": "assistant", "content": "", "tool_calls": [call]},
+                       {"role": "tool", "content": "12:00"}], choice)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool"]
+    assert msgs[0]["content"].startswith("Be brief.\n\n") and '"name": "get_time"' in msgs[0]["content"]
+    assert json.loads(msgs[2]["content"].split("<tool_call>\n")[1].split("\n</tool_call>")[0]) == \
+        {"name": "get_time", "arguments": {"zone": "UTC"}}
+    assert msgs[3]["content"] == "<tool_response>\n12:00\n</tool_response>"
+    assert "tool_calls" not in msgs[2]
+    assert with_tools([{"role": "user", "content": "x"}], choice)[0]["role"] == "system"
+    assert template_takes_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
+    assert not template_takes_tools("{{ messages[0]['content'] }}") and not template_takes_tools(None)

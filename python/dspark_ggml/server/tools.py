@@ -112,11 +112,10 @@ def template_takes_tools(template: str | None) -> bool:
 def tools_system_prompt(choice: ToolChoice) -> str:
     """The system prompt text that lists the tools and the call format (Hermes style)."""
     listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in choice.tools)
-    return ("You are a function calling AI model. You may call one or more functions to assist with the "
-            "user query. Here are the available tools:\n<tools>\n" + listed + "\n</tools>\n"
-            "For each function call, return a JSON object with the function name and arguments within "
-            f"{OPEN}{CLOSE} tags:\n{OPEN}\n" + '{"name": <function-name>, "arguments": <args-json-object>}'
-            f"\n{CLOSE}")
+    return ("These functions can be called to answer the user; their JSON schemas are listed between "
+            "<tools> and </tools>:\n<tools>\n" + listed + "\n</tools>\n"
+            f"To call one, write a JSON object with its name and its arguments between {OPEN} and {CLOSE}:\n"
+            f"{OPEN}\n" + '{"name": "function name", "arguments": {"argument": "value"}}' + f"\n{CLOSE}")
 
 
 def with_tools(messages: list[dict[str, Any]], choice: ToolChoice) -> list[dict[str, Any]]:
