@@ -227,9 +227,14 @@ def test_a_failing_commit_callback_fails_the_step_and_the_engine_goes_on(pair):
     good = OnlySet(SETS["odd"])
     eng.add(0, PROMPTS[0], SamplingParams(max_tokens=20), constraint=bad)
     eng.add(1, PROMPTS[1], SamplingParams(max_tokens=20), constraint=good)
-    with pytest.raises(ConstraintError, match="commit refused"):
+    failed = None
+    try:
         while eng.status(0) == "active":
             eng.step()
+    except ConstraintError as e:
+        assert "commit refused" in str(e)
+        failed = e.seq_id
+    assert failed == 0
     eng.remove(0)
     while eng.status(1) == "active":
         eng.step()
@@ -245,3 +250,25 @@ def test_a_bad_row_count_is_an_error(pair):
     with pytest.raises(ConstraintError, match="rows"):
         eng.add(0, PROMPTS[0], SamplingParams(max_tokens=5), constraint=Bad(SETS["low"]))
     assert eng.status(0) == "idle"
+
+
+def test_an_engine_and_its_contexts_may_be_freed_in_any_order(pair):
+    """A callback's exception keeps frames alive in reference cycles, and the cycle collector
+    finalizes what they hold in no particular order: a context freed before its engine must not
+    leave the engine's stop request pointing into it."""
+    import gc
+
+    target, draft = pair[:2]
+    for contexts_first in (True, False):
+        eng = _engine(target, draft)
+        eng.generate(PROMPTS[0], SamplingParams(max_tokens=3))
+        closing = [eng.target, eng.draft, eng] if contexts_first else [eng, eng.target, eng.draft]
+        for obj in closing:
+            obj.close()
+    for _ in range(4):  # the engine, its contexts and a cycle: freed together by the collector
+        eng = _engine(target, draft)
+        eng.generate(PROMPTS[1], SamplingParams(max_tokens=3))
+        eng.target.cycle = [eng.target, eng.draft, eng]
+        eng.draft.cycle = eng.target.cycle
+        del eng
+        gc.collect()

@@ -1,11 +1,16 @@
 #include "dspark-compute.h"
 
+#include <algorithm>
+
 #include "dspark-backend.h"
 #include "dspark-attention.h"
 #include "dspark-impl.h"
 #include "dspark-rpc.h"
 
 dspark_compute::~dspark_compute() {
+    for (dspark_abort_request * r : requests) {
+        r->forget(this);
+    }
     if (ctx) {
         ggml_free(ctx);
     }
@@ -151,12 +156,18 @@ bool dspark_compute::device_supports(const ggml_tensor * op) const {
 dspark_abort_request::~dspark_abort_request() {
     for (dspark_compute * c : linked) {
         c->set_abort_flag(nullptr);
+        c->requests.erase(std::remove(c->requests.begin(), c->requests.end(), this), c->requests.end());
     }
 }
 
 void dspark_abort_request::link(dspark_compute * c) {
     c->set_abort_flag(&requested);
     linked.push_back(c);
+    c->requests.push_back(this);
+}
+
+void dspark_abort_request::forget(dspark_compute * c) {
+    linked.erase(std::remove(linked.begin(), linked.end(), c), linked.end());
 }
 
 // Observing every node makes the scheduler submit the graph one node at a time, and the callback

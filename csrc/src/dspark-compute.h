@@ -12,6 +12,8 @@
 
 typedef bool (*dspark_abort_fn)(void * data);
 
+struct dspark_abort_request;
+
 struct dspark_compute {
     ggml_backend_t              backend     = nullptr;  // the model's device
     ggml_backend_t              backend_cpu = nullptr;  // same as backend on CPU-only runs
@@ -38,6 +40,9 @@ struct dspark_compute {
     void set_abort_flag(const std::atomic<bool> * flag);
     // While false, the abort callback is not consulted (a step's commit phase must not stop halfway).
     bool abortable = true;
+    // The stop requests linked to this compute: each side unlinks itself from the other when it
+    // goes, so an engine and its contexts may be freed in any order (a garbage collector's).
+    std::vector<dspark_abort_request *> requests;
 
     // Start describing a new graph (invalidates tensors of the previous one).
     ggml_context * begin();
@@ -78,6 +83,7 @@ struct dspark_abort_request {
     dspark_abort_request & operator=(const dspark_abort_request &) = delete;
 
     void link(dspark_compute * c);
+    void forget(dspark_compute * c);  // c is going away
 
   private:
     std::vector<dspark_compute *> linked;

@@ -180,7 +180,9 @@ class Engine(NativeHandle):
         if cause is None:
             return _lib.check(status)
         message = f"the constraint of sequence {cause[0]} failed: {cause[1]!r} ({_lib.last_error()})"
-        raise ConstraintError(message) from cause[1]
+        error = ConstraintError(message)
+        error.seq_id = cause[0]
+        raise error from cause[1]
 
     def cached_prefix(self, seq_id: int, prompt: Sequence[int] | np.ndarray) -> int:
         """How many leading tokens of ``prompt`` the cells of ``seq_id`` hold in both caches (what

@@ -57,7 +57,12 @@ class AbortedError(DSparkError):
 
 class ConstraintError(DSparkError):
     """A token constraint's callback (a grammar engine) raised or returned an error; the exception
-    it raised is the __cause__. The call that ran it failed as a whole."""
+    it raised is the __cause__ and ``seq_id`` the sequence whose constraint it was. A failing
+    ``fill_masks`` fails its add / step before anything is committed (the next step goes on as if
+    it had not run); a failing ``commit`` fails the step after it committed (its tokens can be
+    read)."""
+
+    seq_id: int = -1
 
 
 class DeviceLostError(DSparkError, ConnectionError):

@@ -209,11 +209,13 @@ class LLM(Closing):
                 greedy), top_k (0 = off), top_p (1.0 = off), min_p (0.0 = off), seed (None =
                 random), max_tokens (default 256; None = until the end or n_ctx), stop (strings:
                 the text ends before the first one found), stop_token_ids (extra tokens that end
-                generation like the model's end-of-generation tokens).
+                generation like the model's end-of-generation tokens); logit_bias,
+                presence_penalty, frequency_penalty, repeat_penalty, penalty_last_n; logprobs and
+                prompt_logprobs (see SamplingParams).
 
         Returns:
             GenerationResult: text, tokens, finish_reason ("stop", "length", "context_full",
-            "aborted"), stats. The text never contains what stopped it (stop string, stop token,
+            "aborted"), stats; logprobs / prompt_logprobs when asked for. The text never contains what stopped it (stop string, stop token,
             end-of-generation token); ``tokens`` does include a stop / end-of-generation token.
 
         Raises:
