@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 
-from ..errors import ContextFullError, InvalidArgumentError
+from ..errors import ConstraintError, ContextFullError, InvalidArgumentError
 from .engines import TooManySettingsError
 from .errors import ApiError, bad_request, error_body, unavailable
 from .responses import Choice, ResponseBuilder
@@ -175,4 +175,6 @@ def failure_error(f: Failure) -> ApiError:
         return unavailable(str(f.error))
     if isinstance(f.error, InvalidArgumentError):
         return bad_request(str(f.error))
+    if isinstance(f.error, ConstraintError):  # the request's grammar gave up (e.g. past its limits)
+        return bad_request(f"structured output failed: {f.error.__cause__ or f.error}")
     return ApiError(500, f"generation failed: {f.error}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..decode_loop import LiveSequence, Request, context_full_victim
-from ..errors import ContextFullError, DeviceLostError, DSparkError
+from ..errors import ConstraintError, ContextFullError, DeviceLostError, DSparkError
 from .prompt_cache import PromptCache
 
 if TYPE_CHECKING:
@@ -260,6 +260,9 @@ class Scheduler:
             slots = [s for s in self._slots.values() if s.engine is engine]
             try:
                 engine.step()
+            except ConstraintError as e:
+                self._constraint_failed(e, slots)
+                continue
             except ContextFullError:
                 if self._cache.reclaim():
                     continue  # idle cells freed: the next round steps it again
@@ -276,6 +279,20 @@ class Scheduler:
             for slot in slots:
                 tokens, from_draft = engine.new_tokens(slot.seq_id)
                 self._emit(slot, tokens, from_draft)
+
+    def _constraint_failed(self, error: ConstraintError, slots: list[_Slot]) -> None:
+        """A sequence's grammar failed in a step (its matcher gave up, e.g. a schema past the grammar
+        engine's limits): that request fails; the others keep what the step committed (nothing when
+        the masks failed, the step's tokens when a commit did: the engine clears them first) and go on."""
+        log.warning("structured output failed for a request: %s", error)
+        for slot in slots:
+            if slot.seq_id == error.seq_id:
+                self._release(slot, keep_cells=False)
+                self._fail(slot.job, error)
+            else:
+                tokens, from_draft = slot.engine.new_tokens(slot.seq_id)
+                if tokens:
+                    self._emit(slot, tokens, from_draft)
 
     # ---- helpers ----------------------------------------------------------------------------------
 
