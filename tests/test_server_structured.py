@@ -218,3 +218,19 @@ def test_llm_generate_with_a_json_schema():
         jsonschema.validate(json.loads(r.text), PERSON)
         obj = llm.generate(prompt, max_tokens=48, json_schema=json.dumps({"type": "object"}))
         assert obj.finish_reason != "stop" or isinstance(json.loads(obj.text), dict)
+
+
+def test_streamed_auto_tools_give_the_whole_answer(oai):
+    """tool_choice auto, streamed: text before any call streams as it comes, and the joined stream
+    is the whole (non-streamed) answer: the same text and the same calls."""
+    kw = {"model": "m", "messages": WEATHER_Q, "max_tokens": 40, "tools": [WEATHER, TIME]}
+    whole = oai.chat.completions.create(**kw).choices[0]
+    text, calls, finish = [], [], None
+    for chunk in oai.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            text.append(c.delta.content or "")
+            calls += c.delta.tool_calls or []
+            finish = c.finish_reason or finish
+    assert finish == whole.finish_reason
+    assert "".join(text).strip() == (whole.message.content or "").strip()
+    assert [c.function.name for c in calls] == [c.function.name for c in whole.message.tool_calls or []]

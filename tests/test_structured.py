@@ -176,3 +176,12 @@ def test_tools_go_into_the_system_prompt_and_earlier_calls_into_the_text():
     assert with_tools([{"role": "user", "content": "x"}], choice)[0]["role"] == "system"
     assert template_takes_tools("{% if tools %}{{ tools | tojson }}{% endif %}")
     assert not template_takes_tools("{{ messages[0]['content'] }}") and not template_takes_tools(None)
+
+
+def test_streamed_text_stops_where_a_tool_call_may_start():
+    from dspark_ggml.server.tools import streamable
+
+    assert streamable("Hello there") == len("Hello there")
+    assert streamable("Sure <tool") == len("Sure ")  # may become a call: held back
+    assert streamable("Sure <tool_call>\n{") == len("Sure ")
+    assert streamable("a < b") == len("a < b")

@@ -13,6 +13,7 @@ from .errors import ApiError, bad_request, error_body, unavailable
 from .responses import Choice, ResponseBuilder
 from .scheduler import Failure
 from .sse import DONE, EventStreamResponse, event, unless_disconnected
+from .tools import streamable
 
 if TYPE_CHECKING:
     from ..results import GenerationChunk
@@ -112,7 +113,7 @@ class CompletionStream:
         text = b.echo_text(choice.index) + chunk.text if first and not b.chat else chunk.text
         logprobs = self._logprobs(chunk, choice, text)
         if b.extras.tools is not None:
-            text = ""  # held back: the calls are parsed from the whole answer at its end
+            text = self._text_before_calls(choice)
         if text or logprobs is not None:
             out.append(event(b.chunk(choice.index, text, logprobs=logprobs)))
         if chunk.finish_reason is not None:
@@ -128,14 +129,26 @@ class CompletionStream:
             return None
         return b.chat_logprobs(entries) if b.chat else b.completion_chunk_logprobs(choice, entries, offset)
 
+    @staticmethod
+    def _text_before_calls(choice: Choice) -> str:
+        """With tools: the answer's new text up to where a tool call starts (or may start); the
+        rest is held back, the calls parsed from the whole answer at its end."""
+        full = "".join(choice.text)
+        end = max(streamable(full), choice.n_streamed)
+        text, choice.n_streamed = full[choice.n_streamed:end], end
+        return text
+
     def _last(self, choice: Choice, finish_reason: str) -> list[bytes]:
-        """The finish chunk; with tools, first the answer held back, as text and tool calls."""
+        """The finish chunk; with tools, first the text held back, then the tool calls."""
         b = self.builder
         out = []
         calls = None
         if b.extras.tools is not None:
             calls = b.tool_calls(choice)
-            content = calls.content if calls is not None else "".join(choice.text)
+            full = calls.outside if calls is not None else "".join(choice.text)
+            content = full[choice.n_streamed:]
+            if calls is not None:
+                content = content.rstrip()
             if content:
                 out.append(event(b.chunk(choice.index, content)))
         out.append(event(b.chunk(choice.index, "", finish_reason, stats=choice.stats,

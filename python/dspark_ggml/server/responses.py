@@ -33,6 +33,7 @@ class Choice:
     logprobs: list[Any] = field(default_factory=list)
     prompt_logprobs: list[Any] | None = None
     n_chars: int = 0  # characters of text sent so far (a stream's text_offset)
+    n_streamed: int = 0  # with tools: characters of the answer streamed as content so far
 
 
 @dataclass

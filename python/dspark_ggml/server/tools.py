@@ -167,10 +167,24 @@ def call_grammar(choice: ToolChoice) -> str:
 
 @dataclass
 class ParsedCalls:
-    """An answer split into its text and its tool calls (OpenAI's message.tool_calls entries)."""
+    """An answer split into its text and its tool calls (OpenAI's message.tool_calls entries);
+    ``outside``: the text around the calls as it was (``content`` is it stripped)."""
 
     content: str
     calls: list[dict[str, Any]]
+    outside: str = ""
+
+
+def streamable(text: str) -> int:
+    """How much of a streamed answer can be sent as text now: all of it before a call's opening
+    tag, less a tail that may still become one."""
+    at = text.find(OPEN)
+    if at >= 0:
+        return at
+    for n in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:n]):
+            return len(text) - n
+    return len(text)
 
 
 def parse_calls(text: str, choice: ToolChoice) -> ParsedCalls:
@@ -187,7 +201,8 @@ def parse_calls(text: str, choice: ToolChoice) -> ParsedCalls:
         pos = m.end()
         calls.append(call)
     rest.append(text[pos:])
-    return ParsedCalls("".join(rest).strip() if calls else text, calls)
+    outside = "".join(rest) if calls else text
+    return ParsedCalls(outside.strip() if calls else text, calls, outside)
 
 
 def _call(body: str, choice: ToolChoice) -> dict[str, Any] | None:
