@@ -325,7 +325,7 @@ def _chat_logprobs(f: Fields) -> int | None:
     """Chat: ``logprobs: true`` and ``top_logprobs`` (0..20) -> the top count, None = off."""
     top = f.integer("top_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
     if not f.boolean("logprobs", False):
-        if top is not None:
+        if top:  # 0 asks for nothing: accepted, as clients send it
             raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         return None
     return top or 0
