@@ -257,7 +257,8 @@ def test_models_tokenize_detokenize(oai, http, reference):
     ({"prompt": [1, 2, 99999]}, "prompt"),
     ({"prompt": [1] * 5000}, "prompt"),  # longer than the context
     ({"prompt": "x", "n": 9}, "n"),  # more choices than slots
-    ({"prompt": "x", "logprobs": 3}, "logprobs"),
+    ({"prompt": "x", "logprobs": 30}, "logprobs"),
+    ({"prompt": "x", "logit_bias": {"99999": 5}}, "logit_bias"),
     ({"prompt": "x", "speculative": {"n_max": "many"}}, "n_max"),
     ({"max_tokens": 4}, "prompt"),
 ])

@@ -57,8 +57,26 @@ def test_speculative_override(value, expected):
     ({"prompt": "x", "speculative": {"n_max": 2, "depth": 3}}, "speculative"),
     ({"prompt": "x", "speculative": {"p_min": 1.5}}, "p_min"),
     ({"prompt": "x", "speculative": "off"}, "speculative"),
-    ({"prompt": "x", "echo": True}, "echo"),
-    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "echo": "yes"}, "echo"),
+    ({"prompt": "x", "echo": True, "logprobs": 2, "stream": True}, "echo"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
+    ({"prompt": "x", "repeat_penalty": 0}, "repeat_penalty"),
+    ({"prompt": "x", "penalty_last_n": -2}, "penalty_last_n"),
+    ({"prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"-1": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": "ban"}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [5]}, "logit_bias"),
+    ({"prompt": "x", "response_format": {"type": "yaml"}}, "response_format"),
+    ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": 3}}},
+     "response_format.json_schema.schema"),
+    ({"prompt": "x", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"prompt": "x", "top_logprobs": 2}, "top_logprobs"),
+    ({"prompt": "x", "suffix": "y"}, "suffix"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
     ({"prompt": "x", "model": 3}, "model"),
     ({"prompt": []}, "prompt"),
@@ -122,3 +140,49 @@ def test_usage_chunk_only_when_asked():
     assert parse_completion({**stream, "stream_options": {"include_usage": True}}, DEFAULTS, 4).include_usage
     not_streamed = {"prompt": "x", "stream_options": {"include_usage": True}}
     assert not parse_completion(not_streamed, DEFAULTS, 4).include_usage
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logprobs": 1}, "logprobs"),
+    ({"tool_choice": "required"}, "tool_choice"),  # without tools
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name"),
+    ({"tools": [TOOL, TOOL]}, "tools"),
+    ({"tools": {"a": 1}}, "tools"),
+    ({"tools": [TOOL], "tool_choice": "required",
+      "response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": "json"}, "response_format"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+])
+def test_bad_chat_fields(fields, param):
+    with pytest.raises(ApiError) as e:
+        parse_chat({"messages": HI, **fields}, DEFAULTS, n_slots=4)
+    assert e.value.status == 400 and e.value.param == param, e.value.message
+
+
+def test_chat_fields_reach_the_sampling_params():
+    req = parse_chat({"messages": HI, "logprobs": True, "top_logprobs": 3,
+                      "logit_bias": {"7": -100, "9": 2.5},
+                      "presence_penalty": 0.5, "frequency_penalty": -0.25, "repeat_penalty": 1.3,
+                      "penalty_last_n": -1, "response_format": {"type": "json_object"}}, DEFAULTS, 4)
+    s = req.sampling
+    assert (s.logprobs, s.prompt_logprobs, s.logit_bias) == (3, None, {7: -100.0, 9: 2.5})
+    penalties = (s.presence_penalty, s.frequency_penalty, s.repeat_penalty, s.penalty_last_n)
+    assert penalties == (0.5, -0.25, 1.3, -1)
+    assert s.json_schema == {"type": "object"} and s.grammar is None
+    forced = parse_chat({"messages": HI, "tools": [TOOL],
+                         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+                        DEFAULTS, 4)
+    assert forced.tools.forced == "get_weather" and forced.sampling.grammar
+    auto = parse_chat({"messages": HI, "tools": [TOOL]}, DEFAULTS, 4)
+    assert auto.tools.mode == "auto" and auto.sampling.grammar is None
+    assert parse_chat({"messages": HI, "tools": [TOOL], "tool_choice": "none"}, DEFAULTS, 4).tools is None
+    echo = parse_completion({"prompt": "x", "logprobs": 2, "echo": True}, DEFAULTS, 4)
+    assert echo.echo and (echo.sampling.logprobs, echo.sampling.prompt_logprobs) == (2, 2)

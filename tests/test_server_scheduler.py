@@ -206,3 +206,37 @@ def test_an_engine_error_fails_the_request_not_the_loop(make_scheduler, target_o
     good = job(llm, max_tokens=8)
     sched.submit([good])
     assert result(good)[0] == target_only.generate(PROMPT, max_tokens=8).tokens
+
+
+class FailingConstraint:
+    """Allows every token; its ``fill_masks`` raises on call ``fail_at`` (a grammar engine giving up)."""
+
+    def __init__(self, n_vocab: int, fail_at: int) -> None:
+        self.n_vocab, self.calls, self.fail_at = n_vocab, 0, fail_at
+
+    def fill_masks(self, tokens, out):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("the grammar gave up")
+        out[: len(tokens) + 1] = 0xFFFFFFFF
+        return len(tokens) + 1
+
+    def commit(self, tokens):
+        pass
+
+
+def test_a_failing_constraint_fails_its_request_only(make_scheduler, target_only):
+    from dspark_ggml.errors import ConstraintError
+
+    sched, _, llm = make_scheduler()
+    want = target_only.generate(PROMPT, max_tokens=24).tokens
+    other, bad = job(llm, max_tokens=24), job(llm, max_tokens=24, index=1)
+    bad.request.constraint = FailingConstraint(llm.n_vocab, fail_at=3)
+    sched.submit([other, bad])
+    failure = result(bad)
+    assert isinstance(failure, Failure) and isinstance(failure.error, ConstraintError)
+    tokens, finish, _ = result(other)
+    assert tokens == want and finish == "length"  # nothing lost or repeated around the failed step
+    again = job(llm, max_tokens=24)
+    sched.submit([again])
+    assert result(again)[0] == want

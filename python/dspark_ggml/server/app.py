@@ -19,10 +19,11 @@ from ..errors import DSparkError, InvalidArgumentError
 from .embeddings import encode
 from .errors import ApiError, bad_request, error_body, unavailable
 from .generation import CompletionStream, respond_stream, respond_whole
+from .logprobs import LogprobText
 from .prompts import choice_requests, prompt_tokens, tokenize
 from .protocol import (GenerationRequest, parse_chat, parse_completion, parse_detokenize, parse_embeddings,
                        parse_responses, parse_tokenize)
-from .responses import ResponseBuilder
+from .responses import Extras, ResponseBuilder
 from .responses_api import ResponseObject, ResponseStream
 from .scheduler import QueueFullError
 from .security import ApiKeyMiddleware, ClientGone, read_json
@@ -135,7 +136,7 @@ async def _generate(state: ServerState, request: Request, req: GenerationRequest
     method = "none" if req.speculative is not None and req.speculative.off else llm.method
     n_prompt, n_choices = sum(len(p) for p in prompts), len(requests)
     builder = ResponseBuilder(req.endpoint, state.config.model_id, method, n_prompt, state.fingerprint,
-                              req.include_usage, req.n)
+                              req.include_usage, req.n, _extras(llm, req, prompts))
     response_obj = ResponseObject(state.config.model_id, method, n_prompt, echo) if echo is not None else None
     response: Response
     if req.stream:
@@ -151,6 +152,16 @@ async def _generate(state: ServerState, request: Request, req: GenerationRequest
             response = JSONResponse(builder.completion(choices))
     state.metrics.record_response(response.status_code)
     return response
+
+
+def _extras(llm: Any, req: GenerationRequest, prompts: list[list[int]]) -> Extras:
+    """What the response shows beyond text: logprobs, the echoed prompts, the tool calls."""
+    echo = None
+    if req.echo:
+        echo = [p if isinstance(p, str) else (llm.detokenize(p) if llm.tokenizer is not None else "")
+                for p in (req.prompts or [])]
+    return Extras(logprobs=req.sampling.logprobs is not None, text=LogprobText(llm.tokenizer), echo=echo,
+                  prompts=prompts if req.echo else None, tools=req.tools)
 
 
 async def _embeddings(state: ServerState, request: Request) -> JSONResponse:

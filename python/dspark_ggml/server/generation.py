@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 
-from ..errors import ContextFullError, InvalidArgumentError
+from ..errors import ConstraintError, ContextFullError, InvalidArgumentError
 from .engines import TooManySettingsError
 from .errors import ApiError, bad_request, error_body, unavailable
 from .responses import Choice, ResponseBuilder
 from .scheduler import Failure
 from .sse import DONE, EventStreamResponse, event, unless_disconnected
+from .tools import streamable
 
 if TYPE_CHECKING:
     from ..results import GenerationChunk
@@ -109,10 +110,49 @@ class CompletionStream:
         out = []
         if first and b.chat:
             out.append(event(b.chunk(choice.index, "", first=True)))
-        if chunk.text:
-            out.append(event(b.chunk(choice.index, chunk.text)))
+        text = b.echo_text(choice.index) + chunk.text if first and not b.chat else chunk.text
+        logprobs = self._logprobs(chunk, choice, text)
+        if b.extras.tools is not None:
+            text = self._text_before_calls(choice)
+        if text or logprobs is not None:
+            out.append(event(b.chunk(choice.index, text, logprobs=logprobs)))
         if chunk.finish_reason is not None:
-            out.append(event(b.chunk(choice.index, "", chunk.finish_reason, stats=choice.stats)))
+            out += self._last(choice, chunk.finish_reason)
+        return out
+
+    def _logprobs(self, chunk: GenerationChunk, choice: Choice, text: str) -> dict[str, Any] | None:
+        """The logprobs object of a chunk's tokens (None: not asked for, or no tokens)."""
+        b = self.builder
+        entries = chunk_logprobs(chunk)
+        offset, choice.n_chars = choice.n_chars, choice.n_chars + len(text)
+        if not entries:
+            return None
+        return b.chat_logprobs(entries) if b.chat else b.completion_chunk_logprobs(choice, entries, offset)
+
+    @staticmethod
+    def _text_before_calls(choice: Choice) -> str:
+        """With tools: the answer's new text up to where a tool call starts (or may start); the
+        rest is held back, the calls parsed from the whole answer at its end."""
+        full = "".join(choice.text)
+        end = max(streamable(full), choice.n_streamed)
+        text, choice.n_streamed = full[choice.n_streamed:end], end
+        return text
+
+    def _last(self, choice: Choice, finish_reason: str) -> list[bytes]:
+        """The finish chunk; with tools, first the text held back, then the tool calls."""
+        b = self.builder
+        out = []
+        calls = None
+        if b.extras.tools is not None:
+            calls = b.tool_calls(choice)
+            full = calls.outside if calls is not None else "".join(choice.text)
+            content = full[choice.n_streamed:]
+            if calls is not None:
+                content = content.rstrip()
+            if content:
+                out.append(event(b.chunk(choice.index, content)))
+        out.append(event(b.chunk(choice.index, "", finish_reason, stats=choice.stats,
+                                 tool_calls=calls.calls if calls is not None else None)))
         return out
 
     def closing(self, choices: list[Choice]) -> list[bytes]:
@@ -126,8 +166,17 @@ class CompletionStream:
 def _add(choice: Choice, chunk: GenerationChunk) -> None:
     choice.text.append(chunk.text)
     choice.tokens += chunk.tokens
+    choice.logprobs += chunk_logprobs(chunk)
+    prompt_logprobs = getattr(chunk, "prompt_logprobs", None)
+    if prompt_logprobs is not None:
+        choice.prompt_logprobs = prompt_logprobs
     if chunk.finish_reason is not None:
         choice.finish_reason, choice.stats = chunk.finish_reason, chunk.stats
+
+
+def chunk_logprobs(chunk: GenerationChunk) -> list[Any]:
+    """The logprobs of a chunk's text tokens ([] when the request did not ask for them)."""
+    return list(getattr(chunk, "logprobs", None) or [])
 
 
 def failure_error(f: Failure) -> ApiError:
@@ -139,4 +188,6 @@ def failure_error(f: Failure) -> ApiError:
         return unavailable(str(f.error))
     if isinstance(f.error, InvalidArgumentError):
         return bad_request(str(f.error))
+    if isinstance(f.error, ConstraintError):  # the request's grammar gave up (e.g. past its limits)
+        return bad_request(f"structured output failed: {f.error.__cause__ or f.error}")
     return ApiError(500, f"generation failed: {f.error}")

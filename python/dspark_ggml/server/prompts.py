@@ -5,12 +5,15 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..decode_loop import Request
-from ..errors import DSparkError
+from ..errors import DSparkError, InvalidArgumentError
+from ..structured import TokenConstraint, constraint_for
 from .errors import bad_request
 from .protocol import GenerationRequest, Prompt, check_prompt_tokens
+from .tools import as_plain_messages, template_takes_tools, with_tools
 
 if TYPE_CHECKING:
     from ..llm import LLM
+    from ..sampling import SamplingParams
 
 
 def prompt_tokens(llm: LLM, req: GenerationRequest) -> list[list[int]]:
@@ -18,13 +21,25 @@ def prompt_tokens(llm: LLM, req: GenerationRequest) -> list[list[int]]:
     the model asks, control tokens written in it parsed), messages through the GGUF's chat template."""
     if req.messages is not None:
         try:
-            tokens = llm.apply_chat_template(req.messages)
+            tokens = _chat_tokens(llm, req)
         except (DSparkError, ValueError) as e:  # no tokenizer, a template that refuses the messages
             raise bad_request(str(e), "messages") from e
         return [_checked(llm, tokens, "the prompt")]
     prompts = req.prompts or []
     return [_checked(llm, tokenize(llm, p, "prompt"), "the prompt" if len(prompts) == 1 else f"prompt[{i}]")
             for i, p in enumerate(prompts)]
+
+
+def _chat_tokens(llm: LLM, req: GenerationRequest) -> list[int]:
+    """The chat through the GGUF's template; with tools, a template that takes them renders them,
+    else they are listed in the system prompt (tools.with_tools)."""
+    messages = req.messages or []
+    template = llm.tokenizer.chat_template if llm.tokenizer is not None else None
+    if req.tools is not None and template_takes_tools(template):
+        return llm.tokenizer.encode_chat(messages, tools=req.tools.tools)  # type: ignore[union-attr]
+    if req.tools is not None:
+        return llm.apply_chat_template(with_tools(messages, req.tools))
+    return llm.apply_chat_template(as_plain_messages(messages))
 
 
 def tokenize(llm: LLM, prompt: Prompt, param: str) -> list[int]:
@@ -61,9 +76,24 @@ def choice_requests(llm: LLM, req: GenerationRequest, prompts: list[list[int]]) 
     bad = [t for t in stop_ids if not 0 <= t < llm.n_vocab]
     if bad:
         raise bad_request(f"'stop_token_ids' outside the vocabulary: {bad[:8]}", "stop_token_ids")
+    bad = [t for t in (s.logit_bias or {}) if not 0 <= t < llm.n_vocab]
+    if bad:
+        raise bad_request(f"'logit_bias' has token ids outside the vocabulary (0 .. {llm.n_vocab - 1}): "
+                          f"{bad[:8]}", "logit_bias")
     out = []
     for p, tokens in enumerate(prompts):
         for j in range(req.n):
             seed = None if s.seed is None else (s.seed + j) % (2**32 - 1)
-            out.append(Request(list(tokens), replace(s, seed=seed), stops, stop_ids, p * req.n + j))
+            out.append(Request(list(tokens), replace(s, seed=seed), stops, stop_ids, p * req.n + j,
+                               _constraint(llm, s)))
     return out
+
+
+def _constraint(llm: LLM, s: SamplingParams) -> TokenConstraint | None:
+    """A choice's own grammar constraint (a response_format or a required tool call), or None;
+    a schema the grammar engine refuses is the request's fault."""
+    try:
+        return constraint_for(llm.tokenizer, s, llm.n_vocab)
+    except InvalidArgumentError as e:
+        param = "response_format" if s.json_schema is not None else "tool_choice"
+        raise bad_request(str(e), param) from e

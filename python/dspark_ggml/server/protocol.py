@@ -2,29 +2,34 @@
 
 Fields a request leaves out (or sends as null) take the server's defaults (``dspark-ggml serve``'s
 sampling flags). Fields of OpenAI's API that this server does not implement are refused when they
-ask for something (``logprobs: true``, a non-zero penalty, tools) rather than silently ignored;
-other unknown fields are ignored, as OpenAI-compatible servers do.
+ask for something (``suffix``, ``functions``) rather than silently ignored; other unknown fields
+are ignored, as OpenAI-compatible servers do.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from ..errors import InvalidArgumentError
 from ..sampling import SamplingParams
+from ..structured import json_schema_grammar, lark_grammar
 from .engines import SpecOverride, with_ignore_eos
 from .errors import ApiError, bad_request
+from .tools import ToolChoice, call_grammar, parse_tools
 
 SEED_LIMIT = 2**32 - 1
 INT32_MAX = 2**31 - 1  # the C API's counts are int32_t
 MAX_STOPS = 16
 MAX_EMBEDDING_INPUTS = 2048  # as OpenAI
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_TOP_LOGPROBS = 20  # as OpenAI's chat API
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value
 # field -> the value that means "not used": anything else is refused as not implemented
-_UNSUPPORTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (None, False),
-                "suffix": (None, ""), "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0),
-                "frequency_penalty": (None, 0, 0.0), "tools": (None, []), "functions": (None, []),
-                "tool_choice": (None, "none", "auto"), "response_format": (None, {"type": "text"})}
+_UNSUPPORTED = {"suffix": (None, ""), "functions": (None, []), "function_call": (None, "none", "auto")}
+# chat-only fields a completions request may not send
+_CHAT_ONLY = {"tools": (None, []), "tool_choice": (None, "none", "auto"), "top_logprobs": (None,)}
 
 
 Prompt = Any  # a text (str) or token ids (list[int])
@@ -46,6 +51,8 @@ class GenerationRequest:
     include_usage: bool
     speculative: SpecOverride | None
     cache_prompt: bool = True  # may reuse a cached prefix of its prompt (llama-server's field)
+    echo: bool = False  # completions: the prompt comes first in each choice's text (and logprobs)
+    tools: ToolChoice | None = None  # chat: the functions the model may call, shown and parsed
 
     @property
     def n_sequences(self) -> int:
@@ -113,8 +120,11 @@ def parse_completion(body: Any, defaults: SamplingParams, n_slots: int,
     """A completions request; ``max_sequences``: the most sequences (prompts x n) the server
     admits at once (more are refused: they could never run)."""
     f = Fields(body)
-    _refuse_unsupported(f)
+    _refuse_unsupported(f, _CHAT_ONLY)
     req = _generation(f, "completions", _prompts(f), None, defaults, n_slots)
+    req.echo = f.boolean("echo", False)
+    if req.echo and req.stream and req.sampling.logprobs is not None:
+        raise bad_request("'echo' with 'logprobs' is not supported when streaming", "echo")
     if max_sequences is not None and req.n_sequences > max_sequences:
         raise bad_request(f"{len(req.prompts or [])} prompts x n={req.n} = {req.n_sequences} sequences; this "
                           f"server admits at most {max_sequences} at once (slots + queue)", "prompt")
@@ -124,7 +134,16 @@ def parse_completion(body: Any, defaults: SamplingParams, n_slots: int,
 def parse_chat(body: Any, defaults: SamplingParams, n_slots: int) -> GenerationRequest:
     f = Fields(body)
     _refuse_unsupported(f)
-    return _generation(f, "chat.completions", None, _messages(f), defaults, n_slots)
+    req = _generation(f, "chat.completions", None, _messages(f), defaults, n_slots)
+    tools = parse_tools(f.body)
+    if tools is not None and tools.active:
+        req.tools = tools
+        if tools.constrained:
+            if req.sampling.json_schema is not None:
+                raise bad_request("'response_format' and a required tool call cannot both constrain the "
+                                  "output", "response_format")
+            req.sampling = replace(req.sampling, grammar=lark_grammar(call_grammar(tools)))
+    return req
 
 
 def parse_embeddings(body: Any) -> EmbeddingsRequest:
@@ -284,12 +303,93 @@ def _sampling(f: Fields, d: SamplingParams, endpoint: str) -> SamplingParams:
     chat_max = endpoint == "chat.completions" and f.given("max_completion_tokens")
     max_name = "max_completion_tokens" if chat_max else "max_tokens"
     top_k = f.integer("top_k", d.top_k, lo=-1, hi=INT32_MAX)
+    logprobs = _chat_logprobs(f) if endpoint == "chat.completions" else \
+        f.integer("logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+    echo_logprobs = endpoint == "completions" and logprobs is not None and f.boolean("echo", False)
     return replace(d, max_tokens=f.integer(max_name, d.max_tokens, lo=1, hi=INT32_MAX),
                    temperature=f.number("temperature", d.temperature, lo=0.0),
                    top_p=_top_p(f, d.top_p), top_k=max(top_k, 0),  # -1 = off, as in vLLM
                    min_p=f.number("min_p", d.min_p, lo=0.0, hi=1.0),
                    seed=f.integer("seed", d.seed, lo=0, hi=SEED_LIMIT - 1),
-                   stop=_stops(f, d.stop), stop_token_ids=_stop_token_ids(f, d.stop_token_ids))
+                   stop=_stops(f, d.stop), stop_token_ids=_stop_token_ids(f, d.stop_token_ids),
+                   logit_bias=_logit_bias(f, d.logit_bias),
+                   presence_penalty=f.number("presence_penalty", d.presence_penalty, lo=-2.0, hi=2.0),
+                   frequency_penalty=f.number("frequency_penalty", d.frequency_penalty, lo=-2.0, hi=2.0),
+                   repeat_penalty=_repeat_penalty(f, d.repeat_penalty),
+                   penalty_last_n=f.integer("penalty_last_n", d.penalty_last_n, lo=-1, hi=INT32_MAX),
+                   logprobs=logprobs, prompt_logprobs=logprobs if echo_logprobs else None,
+                   json_schema=_response_format(f, d.json_schema))
+
+
+def _chat_logprobs(f: Fields) -> int | None:
+    """Chat: ``logprobs: true`` and ``top_logprobs`` (0..20) -> the top count, None = off."""
+    top = f.integer("top_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+    if not f.boolean("logprobs", False):
+        if top:  # 0 asks for nothing: accepted, as clients send it
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    return top or 0
+
+
+def _logit_bias(f: Fields, default: Any) -> Any:
+    """``logit_bias``: {"token id": bias in [-100, 100]}; ids are checked against the vocabulary
+    when the request's prompts are (prompts.choice_requests)."""
+    v = f.body.get("logit_bias")
+    if v is None:
+        return default
+    if not isinstance(v, dict):
+        raise bad_request("'logit_bias' must be an object {\"token id\": bias}", "logit_bias")
+    out: dict[int, float] = {}
+    for key, bias in v.items():
+        if not (isinstance(key, str) and key.strip().isdigit()):
+            raise bad_request(f"'logit_bias' keys must be token ids (non-negative integers), got {key!r}",
+                              "logit_bias")
+        if not isinstance(bias, (int, float)) or isinstance(bias, bool) or not math.isfinite(bias) \
+                or abs(bias) > LOGIT_BIAS_LIMIT:
+            raise bad_request(f"'logit_bias' values must be numbers in [-100, 100], got {bias!r} for token "
+                              f"{key}", "logit_bias")
+        out[int(key)] = float(bias)
+    return out or None
+
+
+def _repeat_penalty(f: Fields, default: float) -> float:
+    v = f.number("repeat_penalty", default, lo=0.0)
+    if v <= 0.0:
+        raise bad_request("'repeat_penalty' must be > 0 (1 = off)", "repeat_penalty")
+    return v
+
+
+def _response_format(f: Fields, default: Any) -> Any:
+    """``response_format``: text, json_object (any JSON object) or json_schema ({name, schema,
+    strict}) -> the JSON schema the output must follow (None = free text). The schema's grammar is
+    compiled here, so that a schema that is not JSON or not an object is refused now."""
+    v = f.body.get("response_format")
+    if v is None:
+        return default
+    kind = v.get("type") if isinstance(v, dict) else None
+    if kind == "text":
+        return default
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise bad_request("'response_format' must be {type: 'text'}, {type: 'json_object'} or "
+                          "{type: 'json_schema', json_schema: {name, schema}}", "response_format")
+    spec = v.get("json_schema")
+    if not isinstance(spec, dict):
+        raise bad_request("'response_format.json_schema' must be an object {name, schema, strict}",
+                          "response_format.json_schema")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise bad_request("'response_format.json_schema.schema' must be a JSON schema object",
+                          "response_format.json_schema.schema")
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise bad_request("'response_format.json_schema.strict' must be true or false",
+                          "response_format.json_schema.strict")
+    try:
+        json_schema_grammar(schema)
+    except InvalidArgumentError as e:
+        raise bad_request(str(e), "response_format.json_schema.schema") from e
+    return schema
 
 
 def _top_p(f: Fields, default: float) -> float:
@@ -421,9 +521,35 @@ def _message(m: Any, i: int) -> dict[str, Any]:
     if role not in ROLES:
         raise bad_request(f"{param}.role must be one of {', '.join(ROLES)}", f"{param}.role")
     out: dict[str, Any] = {"role": role, "content": _content(m.get("content"), f"{param}.content")}
-    for key in ("name", "reasoning_content"):
+    for key in ("name", "reasoning_content", "tool_call_id"):
         if isinstance(m.get(key), str):
             out[key] = m[key]
+    if role == "assistant" and m.get("tool_calls"):
+        out["tool_calls"] = _tool_calls(m["tool_calls"], f"{param}.tool_calls")
+    return out
+
+
+def _tool_calls(v: Any, param: str) -> list[dict[str, Any]]:
+    """An assistant message's earlier tool calls, as chat templates take them (arguments parsed)."""
+    if not isinstance(v, list):
+        raise bad_request(f"{param} must be a list of tool calls", param)
+    out = []
+    for i, call in enumerate(v):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str)):
+            raise bad_request(f"{param}[{i}] must be {{type: 'function', function: {{name, arguments}}}}",
+                              f"{param}[{i}]")
+        args = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                raise bad_request(f"{param}[{i}].function.arguments is not valid JSON",
+                                  f"{param}[{i}].function.arguments") from None
+        entry = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
+        if isinstance(call.get("id"), str):
+            entry["id"] = call["id"]
+        out.append(entry)
     return out
 
 
@@ -442,10 +568,12 @@ def _content(v: Any, param: str) -> str:
     raise bad_request(f"{param} must be a string or a list of text parts", param)
 
 
-def _refuse_unsupported(f: Fields) -> None:
-    for name, unused in _UNSUPPORTED.items():
+def _refuse_unsupported(f: Fields, endpoint_refuses: Mapping[str, tuple] | None = None) -> None:
+    refused = {**_UNSUPPORTED, **(endpoint_refuses or {})}
+    for name, unused in refused.items():
         if name in f.body and not any(f.body[name] == u and type(f.body[name]) is type(u) for u in unused):
-            raise bad_request(f"'{name}' is not supported by this server", name)
+            where = " on /v1/completions (it is a chat field)" if name in (endpoint_refuses or {}) else ""
+            raise bad_request(f"'{name}' is not supported by this server{where}", name)
     best_of = f.body.get("best_of")
     if best_of is not None and best_of != f.body.get("n", 1):
         raise bad_request("'best_of' is not supported by this server", "best_of")

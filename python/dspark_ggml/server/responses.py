@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import SpecStats
+from .logprobs import LogprobText, NoLogprob, chat_entries, completion_logprobs
+from .tools import ParsedCalls, ToolChoice, parse_calls
 
 # our finish reasons -> OpenAI's ("context_full" is a length limit to an OpenAI client)
 FINISH = {"stop": "stop", "length": "length", "context_full": "length"}
@@ -20,20 +22,38 @@ FINISH = {"stop": "stop", "length": "length", "context_full": "length"}
 
 @dataclass
 class Choice:
-    """What one choice has produced so far."""
+    """What one choice has produced so far; ``logprobs``: one entry per token of its text (the
+    token that ended it has none), ``prompt_logprobs``: the prompt's tokens after the first (echo)."""
 
     index: int
     text: list[str] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stats: SpecStats | None = None
+    logprobs: list[Any] = field(default_factory=list)
+    prompt_logprobs: list[Any] | None = None
+    n_chars: int = 0  # characters of text sent so far (a stream's text_offset)
+    n_streamed: int = 0  # with tools: characters of the answer streamed as content so far
+
+
+@dataclass
+class Extras:
+    """What a request asked for beyond text: logprobs, the prompt echoed (completions: each prompt's
+    text and tokens), tools whose calls are parsed (chat)."""
+
+    logprobs: bool = False
+    text: LogprobText | None = None
+    echo: list[str] | None = None
+    prompts: list[list[int]] | None = None
+    tools: ToolChoice | None = None
 
 
 class ResponseBuilder:
     """Builds the objects of one request: same id, creation time and model in each of them."""
 
     def __init__(self, endpoint: str, model: str, method: str, n_prompt: int, fingerprint: str = "",
-                 include_usage: bool = False, n: int = 1) -> None:
+                 include_usage: bool = False, n: int = 1, extras: Extras | None = None) -> None:
+        self.extras = extras or Extras()
         self.chat = endpoint == "chat.completions"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
@@ -54,22 +74,68 @@ class ResponseBuilder:
         text = "".join(c.text)
         finish = FINISH.get(c.finish_reason or "", c.finish_reason)
         if self.chat:
-            return {"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            calls = self.tool_calls(c)
+            if calls is not None:
+                message = {"role": "assistant", "content": calls.content or None, "tool_calls": calls.calls}
+                finish = "tool_calls" if finish == "stop" else finish
+            return {"index": c.index, "message": message, "logprobs": self.chat_logprobs(c.logprobs),
                     "finish_reason": finish}
-        return {"index": c.index, "text": text, "logprobs": None, "finish_reason": finish}
+        logprobs = None
+        if self.extras.logprobs:
+            logprobs = completion_logprobs(self._echoed_logprobs(c) + c.logprobs, self._text)
+        return {"index": c.index, "text": self.echo_text(c.index) + text, "logprobs": logprobs,
+                "finish_reason": finish}
+
+    def tool_calls(self, c: Choice) -> ParsedCalls | None:
+        """The tool calls a chat choice made (None: no tools, or it made none)."""
+        if self.extras.tools is None:
+            return None
+        parsed = parse_calls("".join(c.text), self.extras.tools)
+        return parsed if parsed.calls else None
+
+    def chat_logprobs(self, entries: list[Any]) -> dict[str, Any] | None:
+        if not self.extras.logprobs:
+            return None
+        return {"content": chat_entries(entries, self._text), "refusal": None}
+
+    def completion_chunk_logprobs(self, c: Choice, entries: list[Any], offset: int) -> dict[str, Any] | None:
+        return completion_logprobs(entries, self._text, offset) if self.extras.logprobs else None
+
+    def echo_text(self, index: int) -> str:
+        """The prompt text a completions choice starts with when the request asked for echo."""
+        return self.extras.echo[index // self.n] if self.extras.echo is not None else ""
+
+    def _echoed_logprobs(self, c: Choice) -> list[Any]:
+        e = self.extras
+        if e.echo is None or e.prompts is None:
+            return []
+        prompt = e.prompts[c.index // self.n]
+        return [NoLogprob(prompt[0]), *(c.prompt_logprobs or [])]
+
+    @property
+    def _text(self) -> LogprobText:
+        if self.extras.text is None:
+            self.extras.text = LogprobText(None)
+        return self.extras.text
 
     # ---- streamed chunks --------------------------------------------------------------------------
 
     def chunk(self, index: int, text: str, finish_reason: str | None = None, *,
-              first: bool = False, stats: SpecStats | None = None) -> dict[str, Any]:
-        """A chunk of choice ``index``; its last (``finish_reason``) carries its speculative stats."""
+              first: bool = False, stats: SpecStats | None = None, logprobs: dict[str, Any] | None = None,
+              tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """A chunk of choice ``index``; its last (``finish_reason``) carries its speculative stats.
+        ``logprobs``: the logprobs object of its tokens; ``tool_calls``: the calls (chat, whole)."""
         finish = FINISH.get(finish_reason or "", finish_reason) if finish_reason else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if first else \
-                ({"content": text} if text or not finish else {})
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ({"content": text} if text or not (finish or logprobs) else {})
+            if tool_calls:
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
+                finish = "tool_calls" if finish == "stop" else finish
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         out = {**self._head(self._chunk_object), "choices": [choice]}
         if self.include_usage:
             out["usage"] = None  # as OpenAI: null in every chunk but the last

@@ -5,7 +5,7 @@ sequence id) at the next step boundary, and give it back when they finish or the
 away. With the prompt cache (prompt_cache.py) a slot keeps its cells after its sequence leaves,
 and a new sequence goes to the slot holding the longest prefix of its prompt. The loop is the only
 thread that touches the engines; it never holds the GIL while ggml computes (cffi releases it for
-each C call, and no Python callback runs inside a step).
+each C call; the only Python inside a step is a request's grammar constraint, structured.py).
 
 Sequences reach their HTTP request through ``Job.deliver``, called on this thread with a
 GenerationChunk (its last one has finish_reason and stats) or a Failure; nothing follows either.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..decode_loop import LiveSequence, Request, context_full_victim
-from ..errors import ContextFullError, DeviceLostError, DSparkError
+from ..errors import ConstraintError, ContextFullError, DeviceLostError, DSparkError
 from .prompt_cache import PromptCache
 
 if TYPE_CHECKING:
@@ -229,7 +229,8 @@ class Scheduler:
                 self._fail(job, e)
                 continue
             slot = self._slots[seq.seq_id] = _Slot(job, seq, engine)
-            self._emit(slot, tokens, [False] * len(tokens))
+            self._emit(slot, tokens, [False] * len(tokens),
+                       engine.prompt_logprobs(seq.seq_id, job.request.prompt))
 
     def _start(self, job: Job, engine: Engine) -> tuple[LiveSequence, list[int]]:
         """Prefill a job in the slot the prompt cache chooses; its first token(s). When the cells
@@ -242,7 +243,7 @@ class Scheduler:
             seq = LiveSequence(r, seq_id, self._tokenizer)
             try:
                 tokens = engine.add(seq_id, r.prompt, r.sampling, [[t] for t in r.stop_token_ids],
-                                    reuse_prefix=reuse)
+                                    reuse_prefix=reuse, constraint=r.constraint)
             except ContextFullError:
                 self._cache.take(seq_id)  # the failed add freed its cells
                 if not self._cache.reclaim():
@@ -259,6 +260,9 @@ class Scheduler:
             slots = [s for s in self._slots.values() if s.engine is engine]
             try:
                 engine.step()
+            except ConstraintError as e:
+                self._constraint_failed(e, slots)
+                continue
             except ContextFullError:
                 if self._cache.reclaim():
                     continue  # idle cells freed: the next round steps it again
@@ -276,10 +280,31 @@ class Scheduler:
                 tokens, from_draft = engine.new_tokens(slot.seq_id)
                 self._emit(slot, tokens, from_draft)
 
+    def _constraint_failed(self, error: ConstraintError, slots: list[_Slot]) -> None:
+        """A sequence's grammar failed in a step (its matcher gave up, e.g. a schema past the grammar
+        engine's limits): that request fails; the others keep what the step committed (nothing when
+        the masks failed, the step's tokens when a commit did: the engine clears them first) and go on."""
+        log.warning("structured output failed for a request: %s", error)
+        for slot in slots:
+            if slot.seq_id == error.seq_id:
+                self._release(slot, keep_cells=False)
+                self._fail(slot.job, error)
+            else:
+                tokens, from_draft = slot.engine.new_tokens(slot.seq_id)
+                if tokens:
+                    self._emit(slot, tokens, from_draft)
+
     # ---- helpers ----------------------------------------------------------------------------------
 
-    def _emit(self, slot: _Slot, tokens: list[int], from_draft: list[bool]) -> None:
-        chunk = slot.seq.accept(tokens, from_draft, slot.engine.status(slot.seq_id))
+    def _emit(self, slot: _Slot, tokens: list[int], from_draft: list[bool],
+              prompt_logprobs: list[Any] | None = None) -> None:
+        status = slot.engine.status(slot.seq_id)
+        chunk = slot.seq.accept(tokens, from_draft, status)
+        if slot.job.request.sampling.logprobs is not None:
+            entries = slot.engine.new_logprobs(slot.seq_id)
+            chunk.logprobs = text_logprobs(entries, tokens, chunk.tokens, status)
+        if prompt_logprobs:
+            chunk.prompt_logprobs = prompt_logprobs[1:]  # the first prompt token has none
         if chunk.finish_reason is not None:
             self._finish(slot, chunk)
         else:
@@ -343,3 +368,12 @@ class Scheduler:
 
     def _free_slots(self) -> set[int]:
         return set(range(self.n_slots)) - set(self._slots)
+
+
+def text_logprobs(entries: list[Any], tokens: list[int], kept: list[int], status: str) -> list[Any]:
+    """The logprobs of a chunk's text tokens: those the chunk kept (a stop string cuts it), less
+    the end-of-generation / stop token that ended it, which is not text (as OpenAI's)."""
+    n = len(kept)
+    if status in ("eog", "stop") and n == len(tokens) and n:
+        n -= 1
+    return entries[:n]
