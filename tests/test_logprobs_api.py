@@ -86,3 +86,24 @@ def test_cli_generate_json_logprobs(models, llms, capsys):
 
 def test_cli_logprobs_needs_json(models, capsys):
     assert main(["generate", "-m", models[0], "-t", "1", "-n", "2", "--logprobs", "2", "-p", PROMPT]) != 0
+
+
+def test_the_chunk_that_ends_on_a_token_says_so_and_the_server_drops_that_entry(llms):
+    """One chunk rule for both loops (LiveSequence.chunk): the Python API lists the logprob of the
+    token that ended the sequence (it is in ``tokens``), the server's OpenAI shape leaves it out."""
+    from dspark_ggml.server.generation import chunk_logprobs
+
+    spec, plain = llms
+    want = plain.generate(PROMPT, SamplingParams(max_tokens=8)).tokens
+    stop_id = want[3]  # the fourth greedy token ends generation as a stop token
+    sp = SamplingParams(max_tokens=8, logprobs=2, stop_token_ids=[stop_id])
+    for llm in (spec, plain):
+        chunks = list(llm.stream(PROMPT, sp))
+        last = chunks[-1]
+        assert last.finish_reason == "stop" and last.ended_by_token
+        assert not any(c.ended_by_token for c in chunks[:-1])
+        tokens = [t for c in chunks for t in c.tokens]
+        entries = [e for c in chunks for e in c.logprobs]
+        assert tokens == want[:4] and [e.token for e in entries] == tokens
+        served = [e for c in chunks for e in chunk_logprobs(c)]
+        assert [e.token for e in served] == want[:3]

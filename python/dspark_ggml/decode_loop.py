@@ -71,11 +71,22 @@ class LiveSequence:
         self.n_tokens += n_kept
         return GenerationChunk("".join(texts), list(tokens[:n_kept]), list(from_draft[:n_kept]),
                                self.request.index, finish,
-                               logprobs=logprobs[:n_kept] if logprobs is not None else None)
+                               logprobs=logprobs[:n_kept] if logprobs is not None else None,
+                               ended_by_token=ended_by_token and n_kept == len(tokens) > 0)
+
+    def chunk(self, engine: Engine, tokens: Sequence[int], from_draft: Sequence[bool]) -> GenerationChunk:
+        """The chunk of tokens the engine just committed for this sequence, with their logprobs when
+        the request asked for them, and on the first chunk the prompt's: the one place both loops
+        (DecodeLoop, the server's Scheduler) turn engine output into chunks."""
+        want = self.request.sampling.logprobs is not None
+        logprobs = engine.new_logprobs(self.seq_id) if want else None
+        chunk = self.accept(tokens, from_draft, engine.status(self.seq_id), logprobs)
+        chunk.prompt_logprobs, self.prompt_logprobs = self.prompt_logprobs, None
+        return chunk
 
     @classmethod
-    def start(cls, engine: Engine, request: Request, seq_id: int,
-              tokenizer: Tokenizer | None) -> tuple[LiveSequence, list[int]]:
+    def start(cls, engine: Engine, request: Request, seq_id: int, tokenizer: Tokenizer | None,
+              reuse_prefix: bool = False) -> tuple[LiveSequence, list[int]]:
         """Prefill ``request`` in engine sequence ``seq_id``: the live sequence and its first tokens.
 
         Raises:
@@ -84,7 +95,7 @@ class LiveSequence:
         """
         seq = cls(request, seq_id, tokenizer)
         tokens = engine.add(seq_id, request.prompt, request.sampling, [[t] for t in request.stop_token_ids],
-                            constraint=request.constraint)
+                            reuse_prefix=reuse_prefix, constraint=request.constraint)
         if request.sampling.prompt_logprobs is not None:
             seq.prompt_logprobs = engine.prompt_logprobs(seq_id, request.prompt)
         return seq, tokens
@@ -214,10 +225,7 @@ class DecodeLoop:
 
     def _chunk(self, seq: LiveSequence, tokens: Sequence[int],
                from_draft: Sequence[bool]) -> GenerationChunk:
-        want = seq.request.sampling.logprobs is not None
-        logprobs = self.engine.new_logprobs(seq.seq_id) if want else None
-        chunk = seq.accept(tokens, from_draft, self.engine.status(seq.seq_id), logprobs)
-        chunk.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
+        chunk = seq.chunk(self.engine, tokens, from_draft)
         return self._finish(seq, chunk) if chunk.finish_reason else chunk
 
     def _finish(self, seq: LiveSequence, chunk: GenerationChunk) -> GenerationChunk:

@@ -67,6 +67,8 @@ class GenerationChunk:
         logprobs: with ``SamplingParams(logprobs=k)``, one entry per token; else None.
         prompt_logprobs: on the first chunk of a request with ``prompt_logprobs``, one entry per
             prompt token (None for the first); else None.
+        ended_by_token: the last token is the end-of-generation or stop token that ended the
+            sequence: it is in ``tokens`` (and ``logprobs``) but not in the text.
     """
 
     text: str
@@ -77,6 +79,7 @@ class GenerationChunk:
     stats: GenerationStats | None = None
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    ended_by_token: bool = False
 
 
 @dataclass

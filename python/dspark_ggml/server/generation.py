@@ -168,15 +168,17 @@ def _add(choice: Choice, chunk: GenerationChunk) -> None:
     choice.tokens += chunk.tokens
     choice.logprobs += chunk_logprobs(chunk)
     prompt_logprobs = getattr(chunk, "prompt_logprobs", None)
-    if prompt_logprobs is not None:
-        choice.prompt_logprobs = prompt_logprobs
+    if prompt_logprobs:
+        choice.prompt_logprobs = prompt_logprobs[1:]  # the first prompt token has none (echo: NoLogprob)
     if chunk.finish_reason is not None:
         choice.finish_reason, choice.stats = chunk.finish_reason, chunk.stats
 
 
 def chunk_logprobs(chunk: GenerationChunk) -> list[Any]:
-    """The logprobs of a chunk's text tokens ([] when the request did not ask for them)."""
-    return list(getattr(chunk, "logprobs", None) or [])
+    """The logprobs of a chunk's text tokens ([] when the request did not ask for them): as in
+    OpenAI's API, the end-of-generation / stop token that ended the sequence has none."""
+    entries = list(getattr(chunk, "logprobs", None) or [])
+    return entries[:-1] if entries and getattr(chunk, "ended_by_token", False) else entries
 
 
 def failure_error(f: Failure) -> ApiError:

@@ -229,8 +229,7 @@ class Scheduler:
                 self._fail(job, e)
                 continue
             slot = self._slots[seq.seq_id] = _Slot(job, seq, engine)
-            self._emit(slot, tokens, [False] * len(tokens),
-                       engine.prompt_logprobs(seq.seq_id, job.request.prompt))
+            self._emit(slot, tokens, [False] * len(tokens))
 
     def _start(self, job: Job, engine: Engine) -> tuple[LiveSequence, list[int]]:
         """Prefill a job in the slot the prompt cache chooses; its first token(s). When the cells
@@ -240,10 +239,8 @@ class Scheduler:
         while True:
             seq_id, n_cached = self._cache.choose(engine, r.prompt, self._free_slots(), reuse)
             self._cache.make_room(len(r.prompt) - n_cached + engine.n_draft + 1, keep=seq_id)
-            seq = LiveSequence(r, seq_id, self._tokenizer)
             try:
-                tokens = engine.add(seq_id, r.prompt, r.sampling, [[t] for t in r.stop_token_ids],
-                                    reuse_prefix=reuse, constraint=r.constraint)
+                seq, tokens = LiveSequence.start(engine, r, seq_id, self._tokenizer, reuse_prefix=reuse)
             except ContextFullError:
                 self._cache.take(seq_id)  # the failed add freed its cells
                 if not self._cache.reclaim():
@@ -296,15 +293,8 @@ class Scheduler:
 
     # ---- helpers ----------------------------------------------------------------------------------
 
-    def _emit(self, slot: _Slot, tokens: list[int], from_draft: list[bool],
-              prompt_logprobs: list[Any] | None = None) -> None:
-        status = slot.engine.status(slot.seq_id)
-        chunk = slot.seq.accept(tokens, from_draft, status)
-        if slot.job.request.sampling.logprobs is not None:
-            entries = slot.engine.new_logprobs(slot.seq_id)
-            chunk.logprobs = text_logprobs(entries, tokens, chunk.tokens, status)
-        if prompt_logprobs:
-            chunk.prompt_logprobs = prompt_logprobs[1:]  # the first prompt token has none
+    def _emit(self, slot: _Slot, tokens: list[int], from_draft: list[bool]) -> None:
+        chunk = slot.seq.chunk(slot.engine, tokens, from_draft)
         if chunk.finish_reason is not None:
             self._finish(slot, chunk)
         else:
@@ -369,11 +359,3 @@ class Scheduler:
     def _free_slots(self) -> set[int]:
         return set(range(self.n_slots)) - set(self._slots)
 
-
-def text_logprobs(entries: list[Any], tokens: list[int], kept: list[int], status: str) -> list[Any]:
-    """The logprobs of a chunk's text tokens: those the chunk kept (a stop string cuts it), less
-    the end-of-generation / stop token that ended it, which is not text (as OpenAI's)."""
-    n = len(kept)
-    if status in ("eog", "stop") and n == len(tokens) and n:
-        n -= 1
-    return entries[:n]
