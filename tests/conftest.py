@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # `tests.reference` is importable from any working directory
     sys.path.insert(0, str(ROOT))
 
-from tests.tiny_models import TargetConfig, write_target  # noqa: E402
+from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +33,15 @@ def make_target(model_dir: Path) -> Callable[..., tuple[Path, dict, TargetConfig
         return cache[name]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(model_dir: Path) -> tuple[str, str]:
+    """(target, draft): the default tiny target (with a tokenizer) and a DSpark draft for it."""
+    tcfg = TargetConfig()
+    write_target(model_dir / "pair_target.gguf", tcfg, seed=0)
+    write_draft(model_dir / "pair_draft.gguf", DraftConfig(), tcfg, seed=1)
+    return str(model_dir / "pair_target.gguf"), str(model_dir / "pair_draft.gguf")
 
 
 # ---- devices -------------------------------------------------------------------------------------

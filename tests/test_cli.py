@@ -12,20 +12,17 @@ import pytest
 
 from dspark_ggml import LLM
 from dspark_ggml.cli import main
-from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
+from tests.tiny_models import TargetConfig, write_target
 
 PROMPT = "The quick brown fox"
 THREADS = ["-t", "1"]  # tiny models: more threads only add overhead
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tmp_path_factory, tiny_pair):
     d = tmp_path_factory.mktemp("cli")
-    tcfg = TargetConfig()
-    write_target(d / "t.gguf", tcfg, seed=0)
-    write_draft(d / "d.gguf", DraftConfig(), tcfg, seed=1)
     write_target(d / "bare.gguf", TargetConfig(with_tokenizer=False), seed=0)
-    return {"target": str(d / "t.gguf"), "draft": str(d / "d.gguf"), "bare": str(d / "bare.gguf")}
+    return {"target": tiny_pair[0], "draft": tiny_pair[1], "bare": str(d / "bare.gguf")}
 
 
 @pytest.fixture(scope="module")

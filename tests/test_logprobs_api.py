@@ -10,18 +10,13 @@ import pytest
 from dspark_ggml import LLM, SamplingParams
 from dspark_ggml.cli import main
 from dspark_ggml.errors import InvalidArgumentError
-from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 
 PROMPT = "The quick brown fox"
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("lp")
-    tcfg = TargetConfig()
-    write_target(d / "t.gguf", tcfg, seed=0)
-    write_draft(d / "d.gguf", DraftConfig(), tcfg, seed=1)
-    return str(d / "t.gguf"), str(d / "d.gguf")
+def models(tiny_pair):
+    return tiny_pair
 
 
 @pytest.fixture(scope="module")
