@@ -112,6 +112,20 @@ def test_draft_matches_the_cpu(files, accel, variant):
     else:
         assert got.confidence is None
 
+def test_reduced_vocabulary_logits_in_many_contexts_on_the_device(files, accel):
+    """The d2t scatter of a reduced-vocabulary draft's logits, again and again in fresh contexts.
+    It once ran as a set_rows into a -inf-filled tensor, which on lavapipe corrupted the heap about
+    once per three proposals (glibc then aborted the process); now it is a gather and a mask."""
+    target_path, drafts = files
+    target = Model(target_path, device=_cpu())
+    ref, _ = _propose(target, drafts["reduced-gated"], _cpu(), 3)
+    for _ in range(25):
+        got, _ = _propose(target, drafts["reduced-gated"], accel.index, 3)
+        finite = np.isfinite(ref.logits)
+        np.testing.assert_array_equal(np.isfinite(got.logits), finite)
+        np.testing.assert_allclose(got.logits[finite], ref.logits[finite], atol=ATOL, rtol=0)
+
+
 
 def _run(target: Model, draft: DraftModel | None, sp: SamplingParams, n_seq: int = 3, **kw) -> list[list[int]]:
     ctx = _ctx(target, n_seq=n_seq)

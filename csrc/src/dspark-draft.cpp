@@ -50,32 +50,49 @@ dspark_draft_context::dspark_draft_context(dspark_model & m, const dspark_contex
     }
 
     if (!model.d2t.empty()) {
-        ggml_init_params ip = { /*.mem_size =*/ ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
-        d2t_ctx = ggml_init(ip);
-        d2t_i32 = ggml_new_tensor_2d(d2t_ctx, GGML_TYPE_I32, 1, (int64_t) model.d2t.size());
-        d2t_buf = ggml_backend_alloc_ctx_tensors_from_buft(d2t_ctx, ggml_backend_get_default_buffer_type(compute.backend));
-        if (!d2t_buf) {
-            dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "cannot allocate the d2t table");
-        }
-        ggml_backend_tensor_set(d2t_i32, model.d2t.data(), 0, ggml_nbytes(d2t_i32));
+        upload_vocab_maps();
     }
     reserve_worst_case();
 }
 
 dspark_draft_context::~dspark_draft_context() {
-    if (d2t_buf) {
-        ggml_backend_buffer_free(d2t_buf);
+    if (maps_buf) {
+        ggml_backend_buffer_free(maps_buf);
     }
-    if (d2t_ctx) {
-        ggml_free(d2t_ctx);
+    if (maps_ctx) {
+        ggml_free(maps_ctx);
     }
+}
+
+// d2t (draft id -> target id), its inverse t2d (target id -> draft id) and the mask of the target
+// ids the draft lacks, in a buffer of the compute device.
+void dspark_draft_context::upload_vocab_maps() {
+    const std::vector<int32_t> & d2t = model.d2t;
+    std::vector<int32_t> t2d(hp().n_vocab, 0);
+    std::vector<float> mask(hp().n_vocab, -INFINITY);
+    for (size_t j = 0; j < d2t.size(); ++j) {
+        t2d[d2t[j]] = (int32_t) j;
+        mask[d2t[j]] = 0.0f;
+    }
+    ggml_init_params ip = { /*.mem_size =*/ 3 * ggml_tensor_overhead(), nullptr, /*.no_alloc =*/ true };
+    maps_ctx = ggml_init(ip);
+    vocab_maps.d2t = ggml_new_tensor_2d(maps_ctx, GGML_TYPE_I32, 1, (int64_t) d2t.size());
+    vocab_maps.t2d = ggml_new_tensor_1d(maps_ctx, GGML_TYPE_I32, (int64_t) t2d.size());
+    vocab_maps.mask = ggml_new_tensor_1d(maps_ctx, GGML_TYPE_F32, (int64_t) mask.size());
+    maps_buf = ggml_backend_alloc_ctx_tensors_from_buft(maps_ctx, ggml_backend_get_default_buffer_type(compute.backend));
+    if (!maps_buf) {
+        dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "cannot allocate the reduced vocabulary's tables");
+    }
+    ggml_backend_tensor_set(vocab_maps.d2t, d2t.data(), 0, ggml_nbytes(vocab_maps.d2t));
+    ggml_backend_tensor_set(vocab_maps.t2d, t2d.data(), 0, ggml_nbytes(vocab_maps.t2d));
+    ggml_backend_tensor_set(vocab_maps.mask, mask.data(), 0, ggml_nbytes(vocab_maps.mask));
 }
 
 void dspark_draft_context::reserve_worst_case() {
     ggml_context * ctx = compute.begin();
     ggml_cgraph * gf = compute.new_graph(ctx);
     dspark_graph g = {ctx, gf, pad_odd_columns};
-    build_dflash_block(g, *model.draft, kv, d2t_i32, (int) params.n_seq_max, hp().block_size, (int) kv.n_cells, flash_attn,
+    build_dflash_block(g, *model.draft, kv, vocab_maps, (int) params.n_seq_max, hp().block_size, (int) kv.n_cells, flash_attn,
                        false, dflash_pick());
     compute.reserve(gf);
 }
@@ -278,7 +295,7 @@ void dspark_draft_context::run_propose(const dspark_propose_request & r, const s
         dflash_pick pick;
         pick.sampler = key.sampler;
         pick.markov_top_k = key.markov_top_k;
-        cached_io = build_dflash_block(g, *model.draft, kv, d2t_i32, key.n_seqs, key.block_len, key.n_kv, flash_attn,
+        cached_io = build_dflash_block(g, *model.draft, kv, vocab_maps, key.n_seqs, key.block_len, key.n_kv, flash_attn,
                                        key.logits, pick);
     });
     const dflash_inject_graph & inj = cached_inj;

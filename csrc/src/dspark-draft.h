@@ -76,9 +76,10 @@ struct dspark_draft_context : dspark_runtime {
     int block_len(int n_draft) const { return n_draft + hp().first_pred_slot(); }
 
   private:
-    ggml_context *        d2t_ctx = nullptr;
-    ggml_backend_buffer_t d2t_buf = nullptr;
-    ggml_tensor *         d2t_i32 = nullptr;  // I32 {1, Vd}: draft id -> target id, for gathers
+    ggml_context *        maps_ctx = nullptr;
+    ggml_backend_buffer_t maps_buf = nullptr;
+    dflash_vocab_maps     vocab_maps;  // of a reduced vocabulary, on the compute device
+    void                  upload_vocab_maps();
     void validate_inject(const float * features, int32_t n_rows, int32_t width, const dspark_pos * pos,
                          const dspark_seq_id * seq, std::vector<int32_t> & last) const;
     void validate_propose(const dspark_propose_request & req, std::vector<int32_t> & last) const;

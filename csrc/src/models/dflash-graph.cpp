@@ -230,15 +230,14 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
 }
 
 // Draft-vocab logits [Vd, n] -> target-vocab logits [V, n]: rows the draft cannot produce are -inf.
-static ggml_tensor * scatter_to_vocab(ggml_context * ctx, ggml_tensor * logits, ggml_tensor * d2t, int64_t V) {
-    ggml_tensor * lt = ggml_cont(ctx, ggml_transpose(ctx, logits));                          // [n, Vd]
-    ggml_tensor * full = ggml_fill(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, lt->ne[0], V), -INFINITY);  // [n, V]
-    full = ggml_set_rows(ctx, full, lt, d2t);
-    return ggml_cont(ctx, ggml_transpose(ctx, full));                                          // [V, n]
+static ggml_tensor * to_full_vocab(ggml_context * ctx, ggml_tensor * logits, const dflash_vocab_maps & maps) {
+    ggml_tensor * lt = ggml_cont(ctx, ggml_transpose(ctx, logits));  // [n, Vd]
+    ggml_tensor * full = ggml_get_rows(ctx, lt, maps.t2d);           // [n, V]
+    return ggml_add(ctx, ggml_cont(ctx, ggml_transpose(ctx, full)), maps.mask);
 }
 
 dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model & m, const dspark_kv_cache & kv,
-                                      ggml_tensor * d2t_i32, int n_blocks, int block_len, int n_kv, bool flash,
+                                      const dflash_vocab_maps & maps, int n_blocks, int block_len, int n_kv, bool flash,
                                       bool want_logits, const dflash_pick & pick) {
     const dflash_hparams & hp = m.hp;
     ggml_context * ctx = g.ctx;
@@ -279,13 +278,13 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
     const int top_k = std::min<int>(pick.markov_top_k, hp.n_vocab_draft);
     if (markov) {
         const bool restricted = top_k > 0 && !io.sampler && !want_logits;  // argmax drafting only
-        logits = markov_chain(g, m, io, pick, logits, hid, d2t_i32, P, n_blocks, block_len, want_logits, restricted ? top_k : 0);
+        logits = markov_chain(g, m, io, pick, logits, hid, maps.d2t, P, n_blocks, block_len, want_logits, restricted ? top_k : 0);
     } else {
         // every slot of every block at once: columns block-major (b·P + j), as the sampler's inputs
         ggml_tensor * picked_from = nullptr;
         ggml_tensor * ids = pick_tokens(io, pick, ctx, logits, io.sampler, want_logits, &picked_from);
         logits = picked_from;
-        ggml_tensor * tok = to_target_ids(ctx, ids, d2t_i32);  // [P·n_blocks]
+        ggml_tensor * tok = to_target_ids(ctx, ids, maps.d2t);  // [P·n_blocks]
         ggml_set_output(tok);
         io.tokens_out.push_back(tok);
     }
@@ -299,7 +298,7 @@ dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model
         g.expand(t);
     }
     if (want_logits) {
-        io.logits = m.d2t ? scatter_to_vocab(ctx, logits, m.d2t, hp.n_vocab) : logits;
+        io.logits = maps.t2d ? to_full_vocab(ctx, logits, maps) : logits;
         ggml_set_name(io.logits, "draft_logits");
         ggml_set_output(io.logits);
         g.expand(io.logits);

@@ -30,6 +30,15 @@ struct dflash_pick {
                                  // dspark_draft_topk): reads k rows of W2 per slot instead of all
 };
 
+// A reduced vocabulary's tables, on the draft's compute device (all null without d2t). The
+// full-vocabulary logits are a gather through t2d plus a mask, not a scatter through d2t into a
+// filled tensor: on Vulkan that scatter (and a -inf fill feeding the gather) corrupted memory.
+struct dflash_vocab_maps {
+    ggml_tensor * d2t  = nullptr;  // I32 {1, Vd}: draft id -> target id (a gather of the picks)
+    ggml_tensor * t2d  = nullptr;  // I32 {V}: target id -> draft id (0 for ids the draft lacks)
+    ggml_tensor * mask = nullptr;  // F32 {V}: 0, or -inf for target ids the draft lacks
+};
+
 // Decode n_blocks blocks of B tokens [anchor, MASK, ...] (block-major). Outputs cover the P
 // predicting slots of each block (P = B - first_pred_slot), block-major.
 struct dflash_block_graph {
@@ -51,5 +60,5 @@ struct dflash_block_graph {
 };
 
 dflash_block_graph build_dflash_block(const dspark_graph & g, const dflash_model & m, const dspark_kv_cache & kv,
-                                      ggml_tensor * d2t_i32, int n_blocks, int block_len, int n_kv, bool flash,
+                                      const dflash_vocab_maps & maps, int n_blocks, int block_len, int n_kv, bool flash,
                                       bool want_logits, const dflash_pick & pick);
