@@ -98,6 +98,9 @@ def test_generate_errors(models, capsys):
     (["--prompt-tokens", "1,,2"], "--prompt-tokens has an empty entry in '1,,2'"),
     (["--prompt-tokens", "1,2,"], "--prompt-tokens has an empty entry"),
     (["--prompt-tokens", "1,x"], "--prompt-tokens takes comma-separated integers"),
+    (["--grammar", "root ::= ("], "invalid GBNF grammar"),
+    (["-j", "{oops"], "the JSON schema is not valid JSON"),
+    (["--json-schema-file", "/nonexistent/schema.json"], "--json-schema-file: cannot read /nonexistent/schema.json"),
 ])
 def test_generate_names_the_bad_value(models, capsys, flags, message):
     prompt = [] if "--prompt-tokens" in flags else ["-p", "x"]
@@ -199,3 +202,26 @@ def test_convert_then_info_then_generate(tmp_path, capsys):
     assert rc == 0 and len(json.loads(text)["tokens"]) >= 1
     rc, _, err = _run(capsys, "convert", str(hf_dir), "-o", str(out), "-q", "--no-progress")
     assert rc == 1 and "exists" in err  # the converter's own errors come through
+
+
+def test_generate_with_a_gbnf_grammar_or_a_json_schema(models, tmp_path, capsys):
+    """llama-cli's --grammar / --grammar-file / -j / --json-schema-file: the output follows them,
+    with the draft on (checked here on the text, not by the grammar engine)."""
+    base = ["generate", "-m", models["target"], "-md", models["draft"], *THREADS, "--json"]
+    for flags in (["--grammar", 'root ::= "yes" | "no"'], ["--grammar-file", str(_write(tmp_path / "g.gbnf",
+                                                                                         'root ::= "yes" | "no"'))]):
+        rc, out, err = _run(capsys, *base, "-n", "8", *flags, PROMPT)
+        d = json.loads(out)
+        assert rc == 0 and d["text"] in ("yes", "no") and d["finish_reason"] == "stop", (d, err)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    rc, out, err = _run(capsys, *base, "-n", "32", "-j", json.dumps(schema), PROMPT)
+    d = json.loads(out)
+    assert rc == 0 and d["finish_reason"] == "stop", (d, err)
+    doc = json.loads(d["text"])
+    assert set(doc) == {"n"} and isinstance(doc["n"], int) and 0 <= doc["n"] <= 99
+
+
+def _write(path, text: str):
+    path.write_text(text)
+    return path

@@ -186,3 +186,18 @@ def test_chat_fields_reach_the_sampling_params():
     assert parse_chat({"messages": HI, "tools": [TOOL], "tool_choice": "none"}, DEFAULTS, 4).tools is None
     echo = parse_completion({"prompt": "x", "logprobs": 2, "echo": True}, DEFAULTS, 4)
     assert echo.echo and (echo.sampling.logprobs, echo.sampling.prompt_logprobs) == (2, 2)
+
+
+def test_a_request_s_constraint_replaces_the_server_s_default_one():
+    pytest.importorskip("llguidance")
+    from dspark_ggml.structured import gbnf_grammar
+
+    served = SamplingParams(max_tokens=100, grammar=gbnf_grammar('root ::= "a"'))
+    msgs = {"messages": [{"role": "user", "content": "x"}]}
+    assert parse_chat(msgs, served, 4).sampling.grammar == served.grammar  # the default stays
+    asked = parse_chat({**msgs, "response_format": {"type": "json_object"}}, served, 4).sampling
+    assert (asked.json_schema, asked.grammar) == ({"type": "object"}, None)
+    asked = parse_chat({**msgs, "json_schema": {}}, served, 4).sampling
+    assert (asked.json_schema, asked.grammar) == ({"type": "object"}, None)
+    asked = parse_completion({"prompt": "x", "grammar": 'root ::= "b"'}, DEFAULTS, 4).sampling
+    assert asked.grammar == gbnf_grammar('root ::= "b"') != served.grammar and asked.json_schema is None

@@ -128,6 +128,44 @@ def test_json_object_and_completions(oai, http):
     jsonschema.validate(json.loads(r.json()["choices"][0]["text"]), PERSON)
 
 
+# ---- llama-server's fields: grammar (GBNF), json_schema, json_object with a schema -----------------
+
+YES_NO = 'root ::= answer "."\nanswer ::= "yes" | "no"'
+
+
+def test_llama_server_grammar_and_json_schema_fields(http):
+    for path, body in (("/v1/completions", {"prompt": "Is Paris in France? Answer yes or no:"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Is Paris in France?"}]})):
+        r = http.post(path, json={**body, "max_tokens": 8, "grammar": YES_NO})
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        assert (c.get("text") or c["message"]["content"]) in ("yes.", "no.")
+        r = http.post(path, json={**body, "max_tokens": 48, "json_schema": PERSON})
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        jsonschema.validate(json.loads(c.get("text") or c["message"]["content"]), PERSON)
+    r = http.post("/v1/chat/completions", json={"messages": person_prompt(1), "max_tokens": 48,
+                                                "response_format": {"type": "json_object", "schema": PERSON}})
+    assert r.status_code == 200, r.text
+    jsonschema.validate(json.loads(r.json()["choices"][0]["message"]["content"]), PERSON)
+
+
+@pytest.mark.parametrize("extra, param, words", [
+    ({"grammar": YES_NO, "json_schema": PERSON}, "grammar", "cannot both"),
+    ({"grammar": YES_NO, "response_format": FORMAT}, "grammar", "cannot both"),
+    ({"grammar": "root ::= (", }, "grammar", "invalid GBNF grammar"),
+    ({"grammar": 7}, "grammar", "must be a string"),
+    ({"json_schema": [1, 2]}, "json_schema", "must be a JSON schema object"),
+    ({"response_format": {"type": "json_object", "schema": "x"}}, "response_format.schema", "JSON schema object"),
+    ({"grammar": YES_NO, "tools": [WEATHER], "tool_choice": "required"}, "grammar", "tool call"),
+])
+def test_bad_or_clashing_constraints_are_400s_naming_the_field(http, extra, param, words):
+    r = http.post("/v1/chat/completions", json={"messages": person_prompt(0), "max_tokens": 4, **extra})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
+
+
 # ---- tools ---------------------------------------------------------------------------------------
 
 WEATHER_Q = [{"role": "user", "content": "What is the weather in Paris right now?"}]

@@ -132,6 +132,19 @@ def lark_grammar(lark: str) -> str:
     return _llguidance().LLMatcher.grammar_from_lark(lark)
 
 
+def gbnf_grammar(gbnf: str) -> str:
+    """A GBNF grammar (llama.cpp's format: ``root ::= ...``), as llama-server's and llama-cli's
+    ``grammar`` take it.
+
+    Raises:
+        InvalidArgumentError: the text is not GBNF the converter understands (the message says where).
+    """
+    try:
+        return _llguidance().grammar_from("gbnf", gbnf)
+    except ValueError as e:
+        raise InvalidArgumentError(f"invalid GBNF grammar: {e}") from e
+
+
 def check_grammar(grammar: str, tokenizer: Any = None) -> None:
     """Raise InvalidArgumentError naming what is wrong with a grammar (bad schema, bad Lark)."""
     error = _llguidance().LLMatcher.validate_grammar(grammar, tokenizer)

@@ -7,9 +7,11 @@ feel at home. Defaults are not repeated here: an unset flag leaves the library d
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DSparkError, InvalidArgumentError
@@ -117,6 +119,12 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"OpenAI's, in [-2, 2] (default: {d.presence_penalty})")
     g.add_argument("--frequency-penalty", type=float, metavar="P",
                    help=f"OpenAI's, in [-2, 2] (default: {d.frequency_penalty})")
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--grammar", metavar="GBNF", help="constrain the output to this GBNF grammar (llama.cpp's format)")
+    c.add_argument("--grammar-file", metavar="FILE", help="... read from this file")
+    c.add_argument("-j", "--json-schema", metavar="SCHEMA",
+                   help="constrain the output to JSON valid under this schema ({} = any JSON object)")
+    c.add_argument("--json-schema-file", metavar="FILE", help="... read from this file")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -127,9 +135,32 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
         given["max_tokens"] = None
     elif given.get("max_tokens", 1) < 1:
         raise InvalidArgumentError(f"-n/--max-tokens must be >= 1, or -1 for no limit; got {given['max_tokens']}")
-    sampling = SamplingParams(**given)
+    sampling = SamplingParams(**given, **_output_constraint(args))
     sampling.validate()
     return sampling
+
+
+def _output_constraint(args: argparse.Namespace) -> dict[str, Any]:
+    """--grammar / --json-schema (or their files) as SamplingParams fields; checked now, so that a
+    bad grammar or schema is named before the model loads."""
+    from ..structured import gbnf_grammar, json_schema_grammar
+
+    def text(flag: str, value: str | None, path: str | None) -> str | None:
+        if path is None:
+            return value
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise InvalidArgumentError(f"{flag}: cannot read {path}: {e.strerror or e}") from e
+
+    gbnf = text("--grammar-file", getattr(args, "grammar", None), getattr(args, "grammar_file", None))
+    if gbnf is not None:
+        return {"grammar": gbnf_grammar(gbnf)}
+    schema = text("--json-schema-file", getattr(args, "json_schema", None), getattr(args, "json_schema_file", None))
+    if schema is not None:
+        json_schema_grammar(schema)  # names a text that is not JSON, or not a valid schema
+        return {"json_schema": json.loads(schema) or {"type": "object"}}
+    return {}
 
 
 # (attribute, flag, smallest value) of the integer model options

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from ..errors import InvalidArgumentError
 from ..sampling import SamplingParams
-from ..structured import json_schema_grammar, lark_grammar
+from ..structured import gbnf_grammar, json_schema_grammar, lark_grammar
 from .engines import SpecOverride, with_ignore_eos
 from .errors import ApiError, bad_request
 from .tools import ToolChoice, call_grammar, parse_tools
@@ -139,9 +139,9 @@ def parse_chat(body: Any, defaults: SamplingParams, n_slots: int) -> GenerationR
     if tools is not None and tools.active:
         req.tools = tools
         if tools.constrained:
-            if req.sampling.json_schema is not None:
-                raise bad_request("'response_format' and a required tool call cannot both constrain the "
-                                  "output", "response_format")
+            if req.sampling.json_schema is not None or req.sampling.grammar is not None:
+                given = next(n for n in ("response_format", "json_schema", "grammar") if f.body.get(n) is not None)
+                raise bad_request(f"'{given}' and a required tool call cannot both constrain the output", given)
             req.sampling = replace(req.sampling, grammar=lark_grammar(call_grammar(tools)))
     return req
 
@@ -318,7 +318,7 @@ def _sampling(f: Fields, d: SamplingParams, endpoint: str) -> SamplingParams:
                    repeat_penalty=_repeat_penalty(f, d.repeat_penalty),
                    penalty_last_n=f.integer("penalty_last_n", d.penalty_last_n, lo=-1, hi=INT32_MAX),
                    logprobs=logprobs, prompt_logprobs=logprobs if echo_logprobs else None,
-                   json_schema=_response_format(f, d.json_schema))
+                   **_output_constraint(f, d))
 
 
 def _chat_logprobs(f: Fields) -> int | None:
@@ -359,18 +359,40 @@ def _repeat_penalty(f: Fields, default: float) -> float:
     return v
 
 
-def _response_format(f: Fields, default: Any) -> Any:
-    """``response_format``: text, json_object (any JSON object) or json_schema ({name, schema,
-    strict}) -> the JSON schema the output must follow (None = free text). The schema's grammar is
-    compiled here, so that a schema that is not JSON or not an object is refused now."""
+def _output_constraint(f: Fields, d: SamplingParams) -> dict[str, Any]:
+    """What the output must follow, as SamplingParams fields: OpenAI's ``response_format``, or
+    llama-server's top-level ``json_schema`` (an object; {} = any JSON object) or ``grammar`` (GBNF).
+    At most one of the three; each is compiled here, so that a bad one is refused now."""
+    given = [name for name in ("response_format", "json_schema", "grammar") if f.body.get(name) is not None]
+    if len(given) > 1:
+        raise bad_request(f"{' and '.join(repr(n) for n in given)} cannot both constrain the output: give one",
+                          given[1])
+    if "grammar" in given:
+        gbnf = f.string("grammar", None)
+        try:
+            return {"grammar": gbnf_grammar(gbnf), "json_schema": None}
+        except InvalidArgumentError as e:
+            raise bad_request(str(e), "grammar") from e
+    if "json_schema" in given:
+        return {"json_schema": _schema(f.body["json_schema"], "json_schema"), "grammar": None}
+    schema = _response_format(f)
+    if schema is not None:
+        return {"json_schema": schema, "grammar": None}
+    return {"json_schema": d.json_schema, "grammar": d.grammar}  # the server's defaults (serve -j / --grammar)
+
+
+def _response_format(f: Fields) -> dict[str, Any] | None:
+    """``response_format``: text, json_object (any JSON object; llama-server's ``schema`` member
+    narrows it) or json_schema ({name, schema, strict}) -> the JSON schema the output must follow
+    (None = free text)."""
     v = f.body.get("response_format")
     if v is None:
-        return default
+        return None
     kind = v.get("type") if isinstance(v, dict) else None
     if kind == "text":
-        return default
+        return None
     if kind == "json_object":
-        return {"type": "object"}
+        return _schema(v.get("schema", {}), "response_format.schema")
     if kind != "json_schema":
         raise bad_request("'response_format' must be {type: 'text'}, {type: 'json_object'} or "
                           "{type: 'json_schema', json_schema: {name, schema}}", "response_format")
@@ -378,17 +400,21 @@ def _response_format(f: Fields, default: Any) -> Any:
     if not isinstance(spec, dict):
         raise bad_request("'response_format.json_schema' must be an object {name, schema, strict}",
                           "response_format.json_schema")
-    schema = spec.get("schema", {})
-    if not isinstance(schema, dict):
-        raise bad_request("'response_format.json_schema.schema' must be a JSON schema object",
-                          "response_format.json_schema.schema")
     if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
         raise bad_request("'response_format.json_schema.strict' must be true or false",
                           "response_format.json_schema.strict")
+    return _schema(spec.get("schema", {}), "response_format.json_schema.schema")
+
+
+def _schema(schema: Any, param: str) -> dict[str, Any]:
+    """A JSON schema object, compiled once to refuse a bad one now; {} means any JSON object."""
+    if not isinstance(schema, dict):
+        raise bad_request(f"'{param}' must be a JSON schema object", param)
+    schema = schema or {"type": "object"}
     try:
         json_schema_grammar(schema)
     except InvalidArgumentError as e:
-        raise bad_request(str(e), "response_format.json_schema.schema") from e
+        raise bad_request(str(e), param) from e
     return schema
 
 
