@@ -1,8 +1,10 @@
-"""The generation loop: requests through the engine's sequence slots, text, stops and aborts.
+"""Driving an engine for requests: the sequences running in it, their text, stops and aborts.
 
-Requests run in at most ``n_slots`` engine sequences at once; when one finishes, the next waiting
-request takes its slot (continuous batching). Each engine step commits tokens for every active
-sequence; they are turned into text here, cut at stop strings, and handed out as chunks.
+:class:`RunningSequences` is the one place requests are started in an engine, the engine stepped
+for them, and what each step committed turned into chunks (text, stop strings, logprobs); the
+context-full rule is here too. Two loops sit on it: :class:`DecodeLoop` (the Python API and the CLI:
+requests in at most ``n_slots`` sequences at once, the next waiting one taking a finished one's
+slot) and the server's threaded Scheduler (queues, the prompt cache, several engines).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from .engine import Engine
 from .logprobs import TokenLogprob
-from .errors import AbortedError, ContextFullError
+from .errors import AbortedError, ConstraintError, ContextFullError
 from .interrupt import Interrupt
 from .results import ENGINE_FINISH, GenerationChunk, GenerationStats
 from .sampling import SamplingParams
@@ -100,12 +102,6 @@ class LiveSequence:
             seq.prompt_logprobs = engine.prompt_logprobs(seq_id, request.prompt)
         return seq, tokens
 
-    def close(self, engine: Engine) -> GenerationStats:
-        """The sequence's statistics; then the engine forgets it (its KV cells are freed)."""
-        stats = self.stats(engine)
-        engine.remove(self.seq_id)
-        return stats
-
     def last_chunk(self, reason: str) -> GenerationChunk:
         """The last chunk of a sequence ended from outside (abort, full cache): the held-back text."""
         return GenerationChunk(self._final_text(), [], [], self.request.index, reason)
@@ -131,6 +127,77 @@ def context_full_victim(seqs: Iterable[LiveSequence]) -> LiveSequence:
     return max(seqs, key=lambda s: len(s.request.prompt) + s.n_tokens)
 
 
+@dataclass
+class StepOutcome:
+    """What a step of the engine gave: a chunk per sequence (those with tokens, or all when the
+    step succeeded), and the error that stopped it, if one did (after the chunks of the steps
+    before it). A sequence whose grammar failed (ConstraintError) gets no chunk."""
+
+    chunks: list[tuple[LiveSequence, GenerationChunk]]
+    failure: ContextFullError | AbortedError | ConstraintError | None = None
+
+
+class RunningSequences:
+    """The requests running in one engine: starting them, stepping the engine, their chunks."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer | None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.live: dict[int, LiveSequence] = {}
+
+    def start(self, request: Request, seq_id: int,
+              reuse_prefix: bool = False) -> tuple[LiveSequence, GenerationChunk]:
+        """Prefill ``request`` in sequence ``seq_id``: the live sequence and its first chunk (which
+        may be its last: see :meth:`leave`).
+
+        Raises:
+            ContextFullError: the KV cells have no room for the prompt now; nothing changed.
+        """
+        seq, tokens = LiveSequence.start(self.engine, request, seq_id, self.tokenizer, reuse_prefix)
+        seq.t_prefilled = time.perf_counter()
+        self.live[seq_id] = seq
+        return seq, seq.chunk(self.engine, tokens, [False] * len(tokens))
+
+    def step(self, n_steps: int = 1) -> StepOutcome:
+        """Run up to ``n_steps`` steps (the engine returns early when a sequence finishes)."""
+        failure: ContextFullError | AbortedError | ConstraintError | None = None
+        try:
+            self.engine.run(n_steps)
+        except (ContextFullError, AbortedError, ConstraintError) as e:
+            failure = e  # the steps before the failing one committed tokens: they are handed out
+        chunks = []
+        for seq in list(self.live.values()):
+            if isinstance(failure, ConstraintError) and seq.seq_id == failure.seq_id:
+                continue
+            tokens, from_draft = self.engine.new_tokens(seq.seq_id)
+            if tokens or failure is None:
+                chunks.append((seq, seq.chunk(self.engine, tokens, from_draft)))
+        return StepOutcome(chunks, failure)
+
+    def context_full_victim(self) -> LiveSequence:
+        return context_full_victim(self.live.values())
+
+    def leave(self, seq: LiveSequence, keep_cells: bool = False) -> GenerationStats:
+        """A sequence is done: its statistics; the engine forgets it, its KV cells freed (or, with
+        ``keep_cells``, left in place for a later prompt to reuse: Engine.detach)."""
+        stats = seq.stats(self.engine)
+        try:
+            if keep_cells:
+                self.engine.detach(seq.seq_id)
+            else:
+                self.engine.remove(seq.seq_id)
+        finally:
+            del self.live[seq.seq_id]
+        return stats
+
+    def abandon(self) -> None:
+        """Remove every sequence still in the engine (best effort: after a failure)."""
+        for seq_id in list(self.live):
+            if self.engine.status(seq_id) != "idle":
+                self.engine.remove(seq_id)
+        self.live.clear()
+
+
 class DecodeLoop:
     """Runs requests through an engine; one loop at a time per engine.
 
@@ -146,12 +213,14 @@ class DecodeLoop:
 
     def __init__(self, engine: Engine, n_slots: int, tokenizer: Tokenizer | None,
                  interrupt: Interrupt, per_step: bool = True) -> None:
-        self.engine = engine
+        self.running = RunningSequences(engine, tokenizer)
         self.n_slots = n_slots
-        self.tokenizer = tokenizer
         self.interrupt = interrupt
         self.per_step = per_step
-        self.live: dict[int, LiveSequence] = {}
+
+    @property
+    def live(self) -> dict[int, LiveSequence]:
+        return self.running.live
 
     def run(self, requests: Sequence[Request]) -> Iterator[GenerationChunk]:
         """Yield chunks until every request has finished (each request's last chunk has a
@@ -159,6 +228,7 @@ class DecodeLoop:
 
         Raises:
             KeyboardInterrupt: Ctrl-C stopped it (after the sequences were removed).
+            ConstraintError: a request's grammar failed (its matcher gave up).
         """
         waiting = deque(requests)
         try:
@@ -172,7 +242,7 @@ class DecodeLoop:
                 except AbortedError:
                     yield from self._abort_all(waiting)
         finally:
-            self._remove_all()
+            self.running.abandon()
 
     # ---- phases ---------------------------------------------------------------------------------
 
@@ -180,16 +250,13 @@ class DecodeLoop:
         while waiting and len(self.live) < self.n_slots:
             try:
                 with self.interrupt.catching_sigint():
-                    seq, tokens = LiveSequence.start(self.engine, waiting[0], self._free_slot(),
-                                                     self.tokenizer)
+                    seq, chunk = self.running.start(waiting[0], self._free_slot())
             except ContextFullError:
                 if not self.live:
                     raise
                 return  # the cache is shared: wait for a running sequence to finish
             waiting.popleft()
-            seq.t_prefilled = time.perf_counter()
-            self.live[seq.seq_id] = seq
-            yield self._chunk(seq, tokens, [False] * len(tokens))
+            yield self._handed_out(seq, chunk)
 
     def _steps_per_call(self) -> int:
         if self.per_step or any(seq.request.stop_texts for seq in self.live.values()):
@@ -197,20 +264,14 @@ class DecodeLoop:
         return 1 << 30  # the engine returns when a sequence finishes
 
     def _step(self) -> Iterator[GenerationChunk]:
-        failure: Exception | None = None
-        try:
-            with self.interrupt.catching_sigint():
-                self.engine.run(self._steps_per_call())
-        except (ContextFullError, AbortedError) as e:
-            failure = e  # the steps before the failing one committed tokens: hand them out first
-        for seq in list(self.live.values()):
-            tokens, from_draft = self.engine.new_tokens(seq.seq_id)
-            if tokens or failure is None:
-                yield self._chunk(seq, tokens, from_draft)
-        if isinstance(failure, AbortedError):
-            raise failure
-        if failure is not None and self.live:
-            victim = context_full_victim(self.live.values())
+        with self.interrupt.catching_sigint():
+            outcome = self.running.step(self._steps_per_call())
+        for seq, chunk in outcome.chunks:
+            yield self._handed_out(seq, chunk)
+        if isinstance(outcome.failure, (AbortedError, ConstraintError)):
+            raise outcome.failure
+        if outcome.failure is not None and self.live:
+            victim = self.running.context_full_victim()
             yield self._finish(victim, victim.last_chunk("context_full"))
 
     def _abort_all(self, waiting: deque[Request]) -> Iterator[GenerationChunk]:
@@ -223,22 +284,13 @@ class DecodeLoop:
 
     # ---- helpers --------------------------------------------------------------------------------
 
-    def _chunk(self, seq: LiveSequence, tokens: Sequence[int],
-               from_draft: Sequence[bool]) -> GenerationChunk:
-        chunk = seq.chunk(self.engine, tokens, from_draft)
+    def _handed_out(self, seq: LiveSequence, chunk: GenerationChunk) -> GenerationChunk:
         return self._finish(seq, chunk) if chunk.finish_reason else chunk
 
     def _finish(self, seq: LiveSequence, chunk: GenerationChunk) -> GenerationChunk:
         """Attach the statistics to a sequence's last chunk and free its slot."""
-        chunk.stats = seq.close(self.engine)
-        del self.live[seq.seq_id]
+        chunk.stats = self.running.leave(seq)
         return chunk
 
     def _free_slot(self) -> int:
         return min(set(range(self.n_slots)) - set(self.live))
-
-    def _remove_all(self) -> None:
-        for seq_id in list(self.live):
-            if self.engine.status(seq_id) != "idle":
-                self.engine.remove(seq_id)
-        self.live.clear()

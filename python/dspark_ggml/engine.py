@@ -271,7 +271,11 @@ class Engine(NativeHandle):
         self._forget(seq_id)
 
     def generate(self, prompt: Sequence[int], sampling: SamplingParams | None = None, seq_id: int = 0) -> list[int]:
-        """Generate one sequence to completion; returns the new tokens."""
+        """Generate one sequence to completion; returns the new tokens, and the sequence stays in
+        the engine (its stats and cells can be read). A token-level helper for tests and
+        benchmarks, with no rules of its own: no text, stop strings or context-full policy (a full
+        cache raises ContextFullError). Requests with those go through
+        :class:`~dspark_ggml.decode_loop.RunningSequences` (the LLM, the CLI, the server)."""
         out = list(self.add(seq_id, prompt, sampling))
         while self.status(seq_id) == "active":
             self.run(1 << 30)

@@ -21,8 +21,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from ..decode_loop import LiveSequence, Request, context_full_victim
-from ..errors import ConstraintError, ContextFullError, DeviceLostError, DSparkError
+from ..decode_loop import LiveSequence, Request, RunningSequences
+from ..errors import AbortedError, ConstraintError, ContextFullError, DeviceLostError, DSparkError
 from .prompt_cache import PromptCache
 
 if TYPE_CHECKING:
@@ -64,11 +64,15 @@ class Job:
 class _Slot:
     job: Job
     seq: LiveSequence
-    engine: Engine = field(repr=False)
+    running: RunningSequences = field(repr=False)  # of the engine the job runs in
 
     @property
     def seq_id(self) -> int:
         return self.seq.seq_id
+
+    @property
+    def engine(self) -> Engine:
+        return self.running.engine
 
 
 class Scheduler:
@@ -95,6 +99,7 @@ class Scheduler:
         self._waiting: deque[Job] = deque()
         self._admitted = 0  # jobs submitted and not yet finished (waiting or running)
         self._slots: dict[int, _Slot] = {}
+        self._running: dict[int, RunningSequences] = {}  # id(engine) -> its sequences, while it has some
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._stopping = False
         self.device_lost: str | None = None  # why the models' device stopped answering, once it did
@@ -213,7 +218,8 @@ class Scheduler:
             try:
                 engine = self._pool.acquire(job.speculative)
                 try:
-                    seq, tokens = self._start(job, engine)
+                    running = self._running.get(id(engine)) or RunningSequences(engine, self._tokenizer)
+                    seq, chunk = self._start(job, running)
                 except BaseException:
                     self._pool.release(engine)  # the sequence never ran: the engine is not held
                     raise
@@ -228,73 +234,74 @@ class Scheduler:
                 self._note_device_loss(e)
                 self._fail(job, e)
                 continue
-            slot = self._slots[seq.seq_id] = _Slot(job, seq, engine)
-            self._emit(slot, tokens, [False] * len(tokens))
+            self._running[id(engine)] = running
+            slot = self._slots[seq.seq_id] = _Slot(job, seq, running)
+            self._emit(slot, chunk)
 
-    def _start(self, job: Job, engine: Engine) -> tuple[LiveSequence, list[int]]:
-        """Prefill a job in the slot the prompt cache chooses; its first token(s). When the cells
-        run out, idle slots give theirs up (least recently used first) before ContextFullError."""
+    def _start(self, job: Job, running: RunningSequences) -> tuple[LiveSequence, GenerationChunk]:
+        """Prefill a job in the slot the prompt cache chooses; its first chunk. When the cells run
+        out, idle slots give theirs up (least recently used first) before ContextFullError."""
         r = job.request
         reuse = self._cache.enabled and job.cache_prompt
+        engine = running.engine
         while True:
             seq_id, n_cached = self._cache.choose(engine, r.prompt, self._free_slots(), reuse)
             self._cache.make_room(len(r.prompt) - n_cached + engine.n_draft + 1, keep=seq_id)
             try:
-                seq, tokens = LiveSequence.start(engine, r, seq_id, self._tokenizer, reuse_prefix=reuse)
+                started = running.start(r, seq_id, reuse_prefix=reuse)
             except ContextFullError:
                 self._cache.take(seq_id)  # the failed add freed its cells
                 if not self._cache.reclaim():
                     raise
                 continue
             self._cache.take(seq_id)
-            return seq, tokens
+            return started
 
     def _step_all(self) -> None:
         """One step of every engine that has sequences (several only with per-request overrides)."""
         # room for every verify block first: a step that fails for want of cells is redone
         self._cache.make_room(sum(s.engine.n_draft + 1 for s in self._slots.values()))
-        for engine in {id(s.engine): s.engine for s in self._slots.values()}.values():
-            slots = [s for s in self._slots.values() if s.engine is engine]
+        for running in list(self._running.values()):
             try:
-                engine.step()
-            except ConstraintError as e:
-                self._constraint_failed(e, slots)
-                continue
-            except ContextFullError:
-                if self._cache.reclaim():
-                    continue  # idle cells freed: the next round steps it again
-                victim = self._slots[context_full_victim(s.seq for s in slots).seq_id]
-                self._finish(victim, victim.seq.last_chunk("context_full"))
-                continue
+                outcome = running.step()
             except DSparkError as e:
-                self._note_device_loss(e)
-                log.exception("engine step failed")
-                for slot in slots:
-                    self._release(slot, keep_cells=False)
-                    self._fail(slot.job, e)
+                self._engine_failed(running, e)
                 continue
-            for slot in slots:
-                tokens, from_draft = engine.new_tokens(slot.seq_id)
-                self._emit(slot, tokens, from_draft)
+            failure = outcome.failure
+            if isinstance(failure, AbortedError):  # nothing here requests one: a failure like any
+                self._engine_failed(running, failure)
+                continue
+            if isinstance(failure, ContextFullError) and self._cache.reclaim():
+                continue  # idle cells freed: the next round steps it again (a failed step commits nothing)
+            for seq, chunk in outcome.chunks:
+                self._emit(self._slots[seq.seq_id], chunk)
+            if isinstance(failure, ConstraintError):
+                self._constraint_failed(failure)
+            elif isinstance(failure, ContextFullError) and running.live:
+                victim = self._slots[running.context_full_victim().seq_id]
+                self._finish(victim, victim.seq.last_chunk("context_full"))
 
-    def _constraint_failed(self, error: ConstraintError, slots: list[_Slot]) -> None:
+    def _engine_failed(self, running: RunningSequences, error: DSparkError) -> None:
+        """An engine's step failed: its requests fail (their cells are not kept)."""
+        self._note_device_loss(error)
+        log.error("engine step failed: %s", error)
+        for slot in [s for s in self._slots.values() if s.running is running]:
+            self._release(slot, keep_cells=False)
+            self._fail(slot.job, error)
+
+    def _constraint_failed(self, error: ConstraintError) -> None:
         """A sequence's grammar failed in a step (its matcher gave up, e.g. a schema past the grammar
-        engine's limits): that request fails; the others keep what the step committed (nothing when
-        the masks failed, the step's tokens when a commit did: the engine clears them first) and go on."""
+        engine's limits): that request fails; the others keep what the step committed (their chunks
+        went out already) and go on."""
         log.warning("structured output failed for a request: %s", error)
-        for slot in slots:
-            if slot.seq_id == error.seq_id:
-                self._release(slot, keep_cells=False)
-                self._fail(slot.job, error)
-            else:
-                tokens, from_draft = slot.engine.new_tokens(slot.seq_id)
-                if tokens:
-                    self._emit(slot, tokens, from_draft)
+        slot = self._slots.get(error.seq_id)
+        if slot is not None:
+            self._release(slot, keep_cells=False)
+            self._fail(slot.job, error)
 
     # ---- helpers ----------------------------------------------------------------------------------
 
-    def _emit(self, slot: _Slot, tokens: list[int], from_draft: list[bool]) -> None:
-        chunk = slot.seq.chunk(slot.engine, tokens, from_draft)
+    def _emit(self, slot: _Slot, chunk: GenerationChunk) -> None:
         if chunk.finish_reason is not None:
             self._finish(slot, chunk)
         else:
@@ -309,18 +316,21 @@ class Scheduler:
     def _release(self, slot: _Slot, keep_cells: bool = True) -> GenerationStats:
         """Free a running sequence's slot; its KV cells stay there for the prompt cache (unless it
         is off, or the engine failed), its counters go to the metrics."""
-        stats = slot.seq.stats(slot.engine)
+        keep = keep_cells and self._cache.enabled
         try:
-            if keep_cells and self._cache.enabled:
-                slot.engine.detach(slot.seq_id)
+            stats = slot.running.leave(slot.seq, keep_cells=keep)
+            if keep:
                 self._cache.park(slot.seq_id)
-            else:
-                slot.engine.remove(slot.seq_id)
         finally:
             del self._slots[slot.seq_id]
+            self._forget_if_idle(slot.running)
             self._pool.release(slot.engine)
         self._metrics.record_sequence(stats)
         return stats
+
+    def _forget_if_idle(self, running: RunningSequences) -> None:
+        if not running.live and self._running.get(id(running.engine)) is running:
+            del self._running[id(running.engine)]  # the pool may close the engine now
 
     def _note_device_loss(self, error: Exception) -> None:
         if isinstance(error, DeviceLostError):
@@ -343,10 +353,11 @@ class Scheduler:
         """After an unexpected error: end every running sequence and this round's arrivals."""
         for slot in list(self._slots.values()):
             try:
-                slot.engine.remove(slot.seq_id)
+                slot.running.abandon()
             except Exception:  # noqa: BLE001 (best effort: the engine may be what failed)
                 pass
             del self._slots[slot.seq_id]
+            self._forget_if_idle(slot.running)
             try:
                 self._pool.release(slot.engine)
             except Exception:  # noqa: BLE001
