@@ -1,6 +1,7 @@
 """`dspark-ggml serve` as a subprocess on a free loopback port, for the server tests."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -92,3 +94,23 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
+
+
+def sse(http, path: str, body: dict[str, Any]) -> list[tuple[str | None, Any]]:
+    """(event name, data) of each server-sent event; data is JSON, or "[DONE]"."""
+    with http.stream("POST", path, json=body) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    out = []
+    for block in raw.split("\n\n"):
+        if not block.strip():
+            continue
+        name, data = None, None
+        for line in block.split("\n"):
+            if line.startswith("event: "):
+                name = line[len("event: "):]
+            elif line.startswith("data: "):
+                data = line[len("data: "):]
+        out.append((name, data if data == "[DONE]" else json.loads(data)))
+    return out

@@ -7,7 +7,6 @@ per-request speculative settings over time, and the metric names."""
 from __future__ import annotations
 
 import base64
-import json
 import re
 import socket
 import time
@@ -22,7 +21,7 @@ from dspark_ggml import LLM  # noqa: E402
 from dspark_ggml.context import Context  # noqa: E402
 from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
 
-from server_process import FA_ARGS, HOST, SERVER_FA, ServerProcess, read_metrics  # noqa: E402
+from server_process import FA_ARGS, HOST, SERVER_FA, ServerProcess, read_metrics, sse  # noqa: E402
 
 KEY = "api-test-key-0123456789"
 ORIGIN = "http://allowed.example"
@@ -80,26 +79,6 @@ def reference():
 
 
 KINDS = ["draft", "plain"]
-
-
-def sse(http, path: str, body: dict[str, Any]) -> list[tuple[str | None, Any]]:
-    """(event name, data) of each server-sent event; data is JSON, or "[DONE]"."""
-    with http.stream("POST", path, json=body) as r:
-        assert r.status_code == 200, r.read()
-        assert r.headers["content-type"].startswith("text/event-stream")
-        raw = r.read().decode()
-    out = []
-    for block in raw.split("\n\n"):
-        if not block.strip():
-            continue
-        name, data = None, None
-        for line in block.split("\n"):
-            if line.startswith("event: "):
-                name = line[len("event: "):]
-            elif line.startswith("data: "):
-                data = line[len("data: "):]
-        out.append((name, data if data == "[DONE]" else json.loads(data)))
-    return out
 
 
 def chunks_of(http, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -382,9 +361,15 @@ def test_responses_stream(http, oai, reference, kind):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0].content"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
-    ({"input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
+    ({"input": "x", "tool_choice": "sometimes"}, "tool_choice"),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": 3}]}, "input[0].arguments"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text"),
+    ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": 3}}},
+     "text.format.schema"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "max_output_tokens": 2**31}, "max_output_tokens"),
     ({"input": "x", "instructions": 5}, "instructions"),

@@ -17,7 +17,7 @@ pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
 from dspark_ggml.errors import DSparkError  # noqa: E402
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess, sse  # noqa: E402
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
           "properties": {"name": {"type": "string", "maxLength": 24},
@@ -272,3 +272,58 @@ def test_streamed_auto_tools_give_the_whole_answer(oai):
     assert finish == whole.finish_reason
     assert "".join(text).strip() == (whole.message.content or "").strip()
     assert [c.function.name for c in calls] == [c.function.name for c in whole.message.tool_calls or []]
+
+
+# ---- the Responses API: function tools, text.format, logprobs ------------------------------------
+
+R_WEATHER = {"type": "function", "name": "get_weather", "description": WEATHER["function"]["description"],
+             "parameters": WEATHER["function"]["parameters"]}
+WEATHER_ARGS = WEATHER["function"]["parameters"]
+
+
+def test_responses_function_calls_and_the_turn_after_them(oai):
+    r = oai.responses.create(model="m", input=WEATHER_Q, tools=[R_WEATHER], tool_choice="required",
+                             parallel_tool_calls=False, max_output_tokens=64)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert r.status == "completed" and len(calls) == 1, r.output
+    call = calls[0]
+    assert call.name == "get_weather" and call.call_id and call.id.startswith("fc_")
+    jsonschema.validate(json.loads(call.arguments), WEATHER_ARGS)
+    assert r.tools[0].name == "get_weather" and r.tool_choice == "required"
+    after = oai.responses.create(model="m", tools=[R_WEATHER], tool_choice="none", max_output_tokens=16, input=[
+        *WEATHER_Q, {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": '{"temperature": 21, "sky": "clear"}'}])
+    assert [o.type for o in after.output] == ["message"] and after.output_text
+
+
+def test_responses_streamed_function_call(oai):
+    events = list(oai.responses.create(model="m", input=WEATHER_Q, tools=[R_WEATHER], max_output_tokens=64,
+                                       tool_choice={"type": "function", "name": "get_weather"},
+                                       parallel_tool_calls=False, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    types = [e.type for e in events]
+    assert "response.output_text.delta" not in types  # no text around a forced call: no message item
+    assert types[-5:] == ["response.output_item.added", "response.function_call_arguments.delta",
+                          "response.function_call_arguments.done", "response.output_item.done",
+                          "response.completed"], types
+    done = events[-2].item
+    assert done.type == "function_call" and events[-3].arguments == done.arguments
+    jsonschema.validate(json.loads(done.arguments), WEATHER_ARGS)
+    final = [o for o in events[-1].response.output if o.type == "function_call"]
+    assert [(o.id, o.call_id, o.arguments) for o in final] == [(done.id, done.call_id, done.arguments)]
+
+
+def test_responses_text_format_and_logprobs(oai, http):
+    fmt = {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}
+    r = oai.responses.create(model="m", input=person_prompt(2), text={"format": fmt}, max_output_tokens=48)
+    jsonschema.validate(json.loads(r.output_text), PERSON)
+    body = {"input": "Say hi.", "max_output_tokens": 6, "top_logprobs": 3}
+    part = http.post("/v1/responses", json=body).json()["output"][0]["content"][0]
+    chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Say hi."}],
+                                                   "max_tokens": 6, "logprobs": True, "top_logprobs": 3}).json()
+    assert part["logprobs"] == chat["choices"][0]["logprobs"]["content"] and len(part["logprobs"]) >= 5
+    assert "".join(e["token"] for e in part["logprobs"]) == part["text"]
+    assert all(len(e["top_logprobs"]) == 3 for e in part["logprobs"])
+    streamed = sse(http, "/v1/responses", {**body, "stream": True})
+    deltas = [d for name, d in streamed if name == "response.output_text.delta"]
+    assert [e for d in deltas for e in d["logprobs"]] == part["logprobs"]

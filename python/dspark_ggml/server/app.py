@@ -137,7 +137,7 @@ async def _generate(state: ServerState, request: Request, req: GenerationRequest
     n_prompt, n_choices = sum(len(p) for p in prompts), len(requests)
     builder = ResponseBuilder(req.endpoint, state.config.model_id, method, n_prompt, state.fingerprint,
                               req.include_usage, req.n, _extras(llm, req, prompts))
-    response_obj = ResponseObject(state.config.model_id, method, n_prompt, echo) if echo is not None else None
+    response_obj = ResponseObject(builder, echo) if echo is not None else None
     response: Response
     if req.stream:
         fmt = ResponseStream(response_obj) if response_obj is not None else CompletionStream(builder)

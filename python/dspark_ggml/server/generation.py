@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 from ..errors import ConstraintError, ContextFullError, InvalidArgumentError
 from .engines import TooManySettingsError
 from .errors import ApiError, bad_request, error_body, unavailable
+from .logprobs import chunk_logprobs
 from .responses import Choice, ResponseBuilder
 from .scheduler import Failure
 from .sse import DONE, EventStreamResponse, event, unless_disconnected
@@ -172,13 +173,6 @@ def _add(choice: Choice, chunk: GenerationChunk) -> None:
         choice.prompt_logprobs = prompt_logprobs[1:]  # the first prompt token has none (echo: NoLogprob)
     if chunk.finish_reason is not None:
         choice.finish_reason, choice.stats = chunk.finish_reason, chunk.stats
-
-
-def chunk_logprobs(chunk: GenerationChunk) -> list[Any]:
-    """The logprobs of a chunk's text tokens ([] when the request did not ask for them): as in
-    OpenAI's API, the end-of-generation / stop token that ended the sequence has none."""
-    entries = list(getattr(chunk, "logprobs", None) or [])
-    return entries[:-1] if entries and getattr(chunk, "ended_by_token", False) else entries
 
 
 def failure_error(f: Failure) -> ApiError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
+    from ..results import GenerationChunk
     from ..tokenizer import Tokenizer
 
 
@@ -75,3 +76,10 @@ class NoLogprob:
         self.token = token
         self.logprob = None
         self.top: list[tuple[int, float]] = []
+
+
+def chunk_logprobs(chunk: GenerationChunk) -> list[Any]:
+    """The logprobs of a chunk's text tokens ([] when the request did not ask for them): as in
+    OpenAI's API, the end-of-generation / stop token that ended the sequence has none."""
+    entries = list(getattr(chunk, "logprobs", None) or [])
+    return entries[:-1] if entries and getattr(chunk, "ended_by_token", False) else entries

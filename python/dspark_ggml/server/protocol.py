@@ -168,18 +168,21 @@ def parse_embeddings(body: Any) -> EmbeddingsRequest:
     return EmbeddingsRequest(inputs, fmt == "base64", dimensions)
 
 
-# ---- the Responses API (/v1/responses): text in and out, translated to a chat request ------------
+# ---- the Responses API (/v1/responses), translated to a chat request ------------------------------
 
 # fields copied to the chat request as they are (sampling, and our extensions)
 _RESPONSES_CHAT_FIELDS = ("model", "temperature", "top_p", "stream", "top_k", "min_p", "seed", "stop",
-                          "stop_token_ids", "speculative", "ignore_eos")
+                          "stop_token_ids", "speculative", "ignore_eos", "parallel_tool_calls", "logit_bias",
+                          "presence_penalty", "frequency_penalty", "repeat_penalty", "penalty_last_n",
+                          "grammar", "json_schema")
 # Responses fields this server does not implement: refused when they ask for something
-_RESPONSES_UNSUPPORTED = {"tools": (None, []), "tool_choice": (None, "none", "auto"),
-                          "previous_response_id": (None,), "conversation": (None,), "prompt": (None,),
-                          "background": (None, False), "top_logprobs": (None, 0), "include": (None, []),
-                          "max_tool_calls": (None,)}
-_RESPONSES_PARAMS = {"max_tokens": "max_output_tokens", "messages": "input"}  # chat names -> ours
+_RESPONSES_UNSUPPORTED = {"previous_response_id": (None,), "conversation": (None,), "prompt": (None,),
+                          "background": (None, False), "max_tool_calls": (None,)}
+# chat names -> ours (the first that prefixes a parameter applies)
+_RESPONSES_PARAMS = {"max_tokens": "max_output_tokens", "messages": "input",
+                     "response_format.json_schema": "text.format", "response_format": "text.format"}
 _INPUT_PARTS = ("input_text", "output_text", "text")
+_LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 @dataclass
@@ -191,14 +194,15 @@ class ResponsesRequest:
 
 
 def parse_responses(body: Any, defaults: SamplingParams, n_slots: int) -> ResponsesRequest:
-    """OpenAI's Responses API, text only: ``input`` (a string or message items), ``instructions``
-    (a system message first), ``max_output_tokens``, ``temperature``, ``top_p``, ``stream``; run as a
+    """OpenAI's Responses API: ``input`` (a string, or message, function_call and
+    function_call_output items), ``instructions`` (a system message first), ``max_output_tokens``,
+    function ``tools`` and ``tool_choice``, ``text.format`` (text, json_object, json_schema),
+    ``top_logprobs`` / ``include: ["message.output_text.logprobs"]``, the sampling fields; run as a
     chat completion (as llama-server does)."""
     f = Fields(body)
     for name, unused in _RESPONSES_UNSUPPORTED.items():
         if name in f.body and not any(f.body[name] == u and type(f.body[name]) is type(u) for u in unused):
-            raise bad_request(f"'{name}' is not supported by this server (text in, text out)", name)
-    _text_format(f)
+            raise bad_request(f"'{name}' is not supported by this server", name)
     metadata = f.body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and
                                      all(isinstance(v, str) for v in metadata.values())):
@@ -209,67 +213,157 @@ def parse_responses(body: Any, defaults: SamplingParams, n_slots: int) -> Respon
         _response_input(f.body.get("input"))
     if f.body.get("max_output_tokens") is not None:
         chat_body["max_tokens"] = f.body["max_output_tokens"]
+    tools = _response_tools(f.body.get("tools"))
+    if tools:
+        chat_body["tools"] = tools
+    if f.body.get("tool_choice") is not None:
+        chat_body["tool_choice"] = _response_tool_choice(f.body["tool_choice"])
+    text_format = _text_format(f)
+    if text_format is not None:
+        chat_body["response_format"] = text_format
+    top = _response_logprobs(f)
+    if top is not None:
+        chat_body["logprobs"], chat_body["top_logprobs"] = True, top
     try:
         chat = parse_chat(chat_body, defaults, n_slots)
     except ApiError as e:
         param = e.param or ""
         for ours, theirs in _RESPONSES_PARAMS.items():
             if param.startswith(ours):
-                e.param = theirs
-                e.message = e.message.replace(f"'{ours}'", f"'{theirs}'")
+                e.param = theirs + param[len(ours):]
+                e.message = e.message.replace(f"'{ours}", f"'{theirs}")
+                break
         raise
     chat.endpoint = "responses"
     chat.include_usage = False
+    fmt = (f.body.get("text") or {}).get("format") or {"type": "text"}
     echo = {"instructions": instructions, "max_output_tokens": f.body.get("max_output_tokens"),
             "metadata": metadata or {}, "temperature": chat.sampling.temperature,
-            "top_p": chat.sampling.top_p, "text": {"format": {"type": "text"}},
-            "store": False, "truncation": "disabled"}
+            "top_p": chat.sampling.top_p, "text": {"format": fmt}, "store": False, "truncation": "disabled",
+            "tools": f.body.get("tools") or [], "tool_choice": f.body.get("tool_choice") or "auto",
+            "parallel_tool_calls": f.body.get("parallel_tool_calls", True), "top_logprobs": top or 0}
     return ResponsesRequest(chat, echo)
 
 
-def _text_format(f: Fields) -> None:
+def _text_format(f: Fields) -> dict[str, Any] | None:
+    """``text.format`` as a chat response_format: text (None), json_object, or json_schema
+    ({type, name, schema, strict}: the Responses API's flat shape)."""
     v = f.body.get("text")
     if v is None:
-        return
+        return None
     fmt = v.get("format") if isinstance(v, dict) else None
-    if not isinstance(v, dict) or (fmt is not None and fmt != {"type": "text"}):
-        raise bad_request("'text': only the text format ({format: {type: text}}) is supported", "text")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if not isinstance(v, dict) or (fmt is not None and kind not in ("text", "json_object", "json_schema")):
+        raise bad_request("'text.format' must be {type: 'text'}, {type: 'json_object'} or "
+                          "{type: 'json_schema', name, schema, strict}", "text.format")
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def _response_logprobs(f: Fields) -> int | None:
+    """``top_logprobs`` (0..20) or ``include: ["message.output_text.logprobs"]`` -> the top count
+    of each output token's logprobs (None: not asked for)."""
+    include = f.body.get("include")
+    if include is not None and not (isinstance(include, list) and all(x == _LOGPROBS_INCLUDE for x in include)):
+        raise bad_request(f"'include' takes only \"{_LOGPROBS_INCLUDE}\" here", "include")
+    top = f.integer("top_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
+    return top if top is not None else (0 if include else None)
+
+
+def _response_tools(v: Any) -> list[dict[str, Any]] | None:
+    """Function tools of the Responses API ({type: function, name, description, parameters,
+    strict}) as chat tools ({type: function, function: {...}})."""
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise bad_request("'tools' must be a list of function tools", "tools")
+    out = []
+    for i, t in enumerate(v):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            raise bad_request(f"tools[{i}]: only function tools ({{type: 'function', name, parameters}}) are "
+                              "supported", f"tools[{i}]")
+        out.append({"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters",
+                                                                         "strict") if k in t}})
+    return out
+
+
+def _response_tool_choice(v: Any) -> Any:
+    """``tool_choice``: none / auto / required, or {type: function, name} (the chat shape nests the name)."""
+    if isinstance(v, dict) and v.get("type") == "function" and "name" in v:
+        return {"type": "function", "function": {"name": v["name"]}}
+    if v in ("none", "auto", "required"):
+        return v
+    raise bad_request("'tool_choice' must be 'none', 'auto', 'required' or {type: 'function', name}",
+                      "tool_choice")
 
 
 def _response_input(v: Any) -> list[dict[str, Any]]:
-    """``input`` as chat messages: a string is one user message; items are {role, content} messages
-    whose content is a string or a list of text parts (input_text / output_text)."""
+    """``input`` as chat messages: a string is one user message; message items ({role, content}
+    with a string or text parts) are messages; function_call items are the assistant's tool calls
+    (consecutive ones in one message) and function_call_output items their results (tool messages)."""
     if isinstance(v, str):
         return [{"role": "user", "content": v}]
     if not isinstance(v, list) or not v:
-        raise bad_request("'input' must be a string or a non-empty list of message items", "input")
-    out = []
+        raise bad_request("'input' must be a string or a non-empty list of input items", "input")
+    out: list[dict[str, Any]] = []
+    calls: set[str] = set()
     for i, item in enumerate(v):
         param = f"input[{i}]"
         if not isinstance(item, dict):
-            raise bad_request(f"{param} must be an object (a message item)", param)
+            raise bad_request(f"{param} must be an object (an input item)", param)
         kind = item.get("type", "message")
-        if kind != "message":
-            raise bad_request(f"{param}: only message items are supported (text in, text out), got type "
-                              f"{kind!r}", param)
-        role = item.get("role")
-        if role not in ("user", "assistant", "system", "developer"):
-            raise bad_request(f"{param}.role must be one of user, assistant, system, developer",
-                              f"{param}.role")
-        content = item.get("content")
-        if isinstance(content, list):
-            texts = []
-            for part in content:
-                if not (isinstance(part, dict) and part.get("type") in _INPUT_PARTS
-                        and isinstance(part.get("text"), str)):
-                    raise bad_request(f"{param}.content: only text parts (input_text, output_text) are "
-                                      "supported", f"{param}.content")
-                texts.append(part["text"])
-            content = "".join(texts)
-        elif not isinstance(content, str):
-            raise bad_request(f"{param}.content must be a string or a list of text parts", f"{param}.content")
-        out.append({"role": role, "content": content})
+        if kind == "function_call":
+            call = _function_call_item(item, param)
+            calls.add(call["id"])
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and last.get("tool_calls") and not last["content"]:
+                last["tool_calls"].append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id, output = item.get("call_id"), item.get("output")
+            if call_id not in calls:
+                raise bad_request(f"{param}: a function_call_output needs the function_call with its call_id "
+                                  "earlier in the input", param)
+            if not isinstance(output, str):
+                raise bad_request(f"{param}.output must be a string", f"{param}.output")
+            out.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        elif kind == "message":
+            out.append(_message_item(item, param))
+        else:
+            raise bad_request(f"{param}: input items are messages, function_call and function_call_output; "
+                              f"got type {kind!r}", param)
     return out
+
+
+def _function_call_item(item: dict[str, Any], param: str) -> dict[str, Any]:
+    for key in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(key), str):
+            raise bad_request(f"{param}.{key} must be a string", f"{param}.{key}")
+    return {"id": item["call_id"], "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]}}
+
+
+def _message_item(item: dict[str, Any], param: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise bad_request(f"{param}.role must be one of user, assistant, system, developer", f"{param}.role")
+    content = item.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") in _INPUT_PARTS and isinstance(part.get("text"), str)):
+                raise bad_request(f"{param}.content: only text parts (input_text, output_text) are supported",
+                                  f"{param}.content")
+            texts.append(part["text"])
+        content = "".join(texts)
+    elif not isinstance(content, str):
+        raise bad_request(f"{param}.content must be a string or a list of text parts", f"{param}.content")
+    return {"role": role, "content": content}
 
 
 def parse_tokenize(body: Any) -> tuple[str, bool, bool]:

@@ -1,12 +1,17 @@
-"""OpenAI's Responses API (/v1/responses), text in and out: the response object and its stream.
+"""OpenAI's Responses API (/v1/responses): the response object and its stream.
 
-The request runs as a chat completion of one choice (``protocol.parse_responses`` translates it);
-its answer is one output message with one output_text part. A stream sends OpenAI's events, each as
-``event: <type>`` plus its JSON with ``type`` and ``sequence_number``: response.created,
-response.in_progress, response.output_item.added, response.content_part.added, then
-response.output_text.delta per piece of text, response.output_text.done, response.content_part.done,
-response.output_item.done, and response.completed (response.incomplete when max_output_tokens cut
-it short); an engine failure mid-stream sends error and response.failed.
+The request runs as a chat completion of one choice (``protocol.parse_responses`` translates it).
+Its output is a message item with one output_text part (with the tokens' logprobs when asked for),
+and, when the request had tools and the model called them, a function_call item per call (after
+the message, which is left out when the model wrote no text around the calls). A stream sends
+OpenAI's events, each as ``event: <type>`` plus its JSON with ``type`` and ``sequence_number``:
+response.created, response.in_progress; for the message response.output_item.added,
+response.content_part.added, response.output_text.delta per piece of text, response.output_text.done,
+response.content_part.done, response.output_item.done; for each call response.output_item.added,
+response.function_call_arguments.delta and .done, response.output_item.done; then
+response.completed (response.incomplete when max_output_tokens cut it short). With tools the message
+opens with its first text, and text that may be the start of a call is held back until it is known
+not to be. An engine failure mid-stream sends error and response.failed.
 """
 from __future__ import annotations
 
@@ -15,53 +20,80 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from .logprobs import chat_entries, chunk_logprobs
 from .responses import Choice, speculative_stats
+from .tools import streamable
 
 if TYPE_CHECKING:
     from ..results import GenerationChunk
     from .errors import ApiError
+    from .responses import ResponseBuilder
 
 
 class ResponseObject:
-    """Builds the response objects of one request (same id, message id and creation time)."""
+    """Builds the response objects of one request (same ids and creation time in each)."""
 
-    def __init__(self, model: str, method: str, n_prompt: int, echo: dict[str, Any]) -> None:
+    def __init__(self, builder: ResponseBuilder, echo: dict[str, Any]) -> None:
+        self.b = builder
         self.id = "resp_" + uuid.uuid4().hex
         self.message_id = "msg_" + uuid.uuid4().hex
         self.created_at = int(time.time())
-        self.model = model
-        self.method = method
-        self.n_prompt = n_prompt
         self.echo = echo
+        self._calls: list[dict[str, Any]] | None = None  # the output's function_call items, once parsed
 
     def response(self, status: str, choice: Choice | None = None) -> dict[str, Any]:
         """The response object; with ``choice`` (finished) its output, usage and status."""
         incomplete = None
         output: list[dict[str, Any]] = []
         usage = None
-        spec = speculative_stats(self.method, [])
+        spec = speculative_stats(self.b.method, [])
         if choice is not None:
-            output = [self.message(choice, "completed" if status == "completed" else "incomplete")]
+            item_status = "completed" if status == "completed" else "incomplete"
+            text = self.text(choice)
+            calls = self.calls(choice)
+            output = ([self.message(text, self.logprobs(choice), item_status)] if text or not calls else []) + calls
             if status == "incomplete":
                 incomplete = {"reason": "max_output_tokens"}
             n_out = len(choice.tokens)
-            usage = {"input_tokens": self.n_prompt, "input_tokens_details": {"cached_tokens": choice.stats.n_cached if choice.stats else 0},
+            usage = {"input_tokens": self.b.n_prompt,
+                     "input_tokens_details": {"cached_tokens": choice.stats.n_cached if choice.stats else 0},
                      "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
-                     "total_tokens": self.n_prompt + n_out}
-            spec = speculative_stats(self.method, [choice.stats] if choice.stats else [])
+                     "total_tokens": self.b.n_prompt + n_out}
+            spec = speculative_stats(self.b.method, [choice.stats] if choice.stats else [])
         return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
-                "error": None, "incomplete_details": incomplete, "model": self.model, "output": output,
-                "parallel_tool_calls": False, "tool_choice": "none", "tools": [], "reasoning": None,
-                "previous_response_id": None, "usage": usage, "speculative": spec, **self.echo}
+                "error": None, "incomplete_details": incomplete, "model": self.b.model, "output": output,
+                "reasoning": None, "previous_response_id": None, "usage": usage, "speculative": spec,
+                **self.echo}
 
-    def message(self, choice: Choice | None, status: str) -> dict[str, Any]:
-        content = [] if choice is None else [self.text_part("".join(choice.text))]
+    def text(self, choice: Choice) -> str:
+        """The answer's text: around the tool calls when it made some."""
+        parsed = self.b.tool_calls(choice)
+        return parsed.content if parsed is not None else "".join(choice.text)
+
+    def calls(self, choice: Choice) -> list[dict[str, Any]]:
+        """The function_call items of the answer (parsed once: their ids stay the same)."""
+        if self._calls is None:
+            parsed = self.b.tool_calls(choice)
+            self._calls = [{"type": "function_call", "id": "fc_" + uuid.uuid4().hex, "call_id": call["id"],
+                            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
+                            "status": "completed"} for call in (parsed.calls if parsed is not None else [])]
+        return self._calls
+
+    def logprobs(self, choice: Choice) -> list[dict[str, Any]]:
+        return self.chunk_logprobs(choice.logprobs)
+
+    def chunk_logprobs(self, entries: list[Any]) -> list[dict[str, Any]]:
+        """Tokens' logprobs as an output_text part lists them (the chat entries' shape)."""
+        return chat_entries(entries, self.b.extras.text) if self.b.extras.logprobs and entries else []
+
+    def message(self, text: str | None, logprobs: list[dict[str, Any]], status: str) -> dict[str, Any]:
+        content = [] if text is None else [self.text_part(text, logprobs)]
         return {"id": self.message_id, "type": "message", "status": status, "role": "assistant",
                 "content": content}
 
     @staticmethod
-    def text_part(text: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
     @staticmethod
     def status_of(choice: Choice) -> str:
@@ -77,6 +109,8 @@ class ResponseStream:
     def __init__(self, obj: ResponseObject) -> None:
         self.obj = obj
         self._seq = 0
+        self._message_open = False
+        self._tools = obj.b.extras.tools is not None
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._seq, **fields}
@@ -89,26 +123,59 @@ class ResponseStream:
 
     def opening(self) -> list[bytes]:
         o = self.obj
-        return [self._event("response.created", response=o.response("in_progress")),
-                self._event("response.in_progress", response=o.response("in_progress")),
-                self._event("response.output_item.added", output_index=0,
-                            item=o.message(None, "in_progress")),
-                self._event("response.content_part.added", **self._at(), part=o.text_part(""))]
+        out = [self._event("response.created", response=o.response("in_progress")),
+               self._event("response.in_progress", response=o.response("in_progress"))]
+        return out if self._tools else out + self._open_message()
+
+    def _open_message(self) -> list[bytes]:
+        self._message_open = True
+        return [self._event("response.output_item.added", output_index=0,
+                            item=self.obj.message(None, [], "in_progress")),
+                self._event("response.content_part.added", **self._at(), part=self.obj.text_part(""))]
+
+    def _delta(self, text: str, logprobs: list[dict[str, Any]]) -> list[bytes]:
+        if not text:
+            return []
+        out = [] if self._message_open else self._open_message()
+        return out + [self._event("response.output_text.delta", **self._at(), delta=text, logprobs=logprobs)]
 
     def on_chunk(self, chunk: GenerationChunk, choice: Choice, first: bool) -> list[bytes]:
-        if not chunk.text:
-            return []
-        return [self._event("response.output_text.delta", **self._at(), delta=chunk.text, logprobs=[])]
+        if not self._tools:
+            return self._delta(chunk.text, self.obj.chunk_logprobs(chunk_logprobs(chunk)))
+        # with tools: the text up to where a call starts (or may start); the rest waits for the end
+        full = "".join(choice.text)
+        end = max(streamable(full), choice.n_streamed)
+        text, choice.n_streamed = full[choice.n_streamed:end], end
+        return self._delta(text, [])
 
     def closing(self, choices: list[Choice]) -> list[bytes]:
         o, choice = self.obj, choices[0]
-        text = "".join(choice.text)
         status = o.status_of(choice)
-        return [self._event("response.output_text.done", **self._at(), text=text, logprobs=[]),
-                self._event("response.content_part.done", **self._at(), part=o.text_part(text)),
-                self._event("response.output_item.done", output_index=0,
-                            item=o.message(choice, "completed" if status == "completed" else "incomplete")),
-                self._event(f"response.{status}", response=o.response(status, choice))]
+        item_status = "completed" if status == "completed" else "incomplete"
+        calls = o.calls(choice)
+        text = o.text(choice)
+        out = []
+        if self._tools:  # the text held back, less the calls
+            parsed = o.b.tool_calls(choice)
+            held = (parsed.outside if parsed is not None else "".join(choice.text))[choice.n_streamed:]
+            out += self._delta(held.rstrip() if parsed is not None else held, [])
+        if self._message_open or not calls:
+            if not self._message_open:
+                out += self._open_message()
+            logprobs = o.logprobs(choice)
+            out += [self._event("response.output_text.done", **self._at(), text=text, logprobs=logprobs),
+                    self._event("response.content_part.done", **self._at(), part=o.text_part(text, logprobs)),
+                    self._event("response.output_item.done", output_index=0,
+                                item=o.message(text, logprobs, item_status))]
+        first = 1 if self._message_open else 0
+        for i, call in enumerate(calls, start=first):
+            at = {"item_id": call["id"], "output_index": i}
+            out += [self._event("response.output_item.added", output_index=i,
+                                item={**call, "arguments": "", "status": "in_progress"}),
+                    self._event("response.function_call_arguments.delta", **at, delta=call["arguments"]),
+                    self._event("response.function_call_arguments.done", **at, arguments=call["arguments"]),
+                    self._event("response.output_item.done", output_index=i, item=call)]
+        return out + [self._event(f"response.{status}", response=o.response(status, choice))]
 
     def on_failure(self, error: ApiError, choices: list[Choice]) -> list[bytes]:
         failed = self.obj.response("failed")
