@@ -4,12 +4,6 @@
 
 #include <algorithm>
 
-using clock_type = std::chrono::steady_clock;
-
-static double ms_since(clock_type::time_point t0) {
-    return std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
-}
-
 int32_t dspark_clamp_n_draft(const dflash_hparams & dh, int32_t n_max) {
     // what the layout can propose: block_size (anchor-first DSpark) or block_size - 1; 0 = all of it
     return n_max > 0 ? std::min(n_max, dh.max_draft()) : dh.max_draft();
@@ -110,166 +104,6 @@ dspark_engine::dspark_engine(dspark_context & target, dspark_draft_context * dra
     }
 }
 
-// ---- sequences ------------------------------------------------------------------------------------
-
-void dspark_engine::check_seq_id(int32_t seq_id) const {
-    if (seq_id < 0 || (uint32_t) seq_id >= tgt.params.n_seq_max) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence id %d: must be 0 .. %u", seq_id, tgt.params.n_seq_max - 1);
-    }
-}
-
-// The cells record their tokens (the draft's too), so a prefix is reused only where both caches
-// hold exactly these tokens at these positions: whatever ran on the sequence id before (another
-// engine over the same contexts, a target-only one that left the draft's cells behind) cannot
-// make a stale cell count. Cells computed earlier equal recomputed ones bit for bit (rows are
-// computed batch-invariantly, and a sequence's cells keep their order and lanes), so the output
-// does not depend on the hit.
-int32_t dspark_engine::cached_prefix(int32_t seq_id, const dspark_token * prompt, int32_t n_prompt) const {
-    check_seq_id(seq_id);
-    if (!prompt || n_prompt < 2) {
-        return 0;
-    }
-    int32_t k = tgt.kv.seq_prefix(seq_id, prompt, n_prompt - 1);
-    if (dft && k > 0) {
-        k = std::min(k, dft->kv.seq_prefix(seq_id, prompt, k));  // features of the same tokens
-    }
-    if (!tgt.kv.seq_can_keep(seq_id, k) || (dft && !dft->kv.seq_can_keep(seq_id, k))) {
-        k -= k % DSPARK_KV_ALIGN;  // keep whole blocks: the continuation starts a block of its own
-    }
-    return k;
-}
-
-void dspark_engine::add(int32_t seq_id, const dspark_request & r) {
-    check_seq_id(seq_id);
-    auto it = seqs.find(seq_id);
-    if (it != seqs.end() && it->second.status == DSPARK_SEQ_ACTIVE) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d is still active; remove it first", seq_id);
-    }
-    dspark_seq_state s(seq_id, r, tgt.hp().n_vocab, tgt.params.n_ctx, n_draft);
-    // prompt logprobs need the logits of every prompt row: no reuse
-    const int32_t n_keep = r.reuse_prefix && !r.prompt_logprobs ? cached_prefix(seq_id, r.prompt, r.n_prompt) : 0;
-
-    // the caches must hold nothing of this sequence but the reused prefix
-    tgt.kv.seq_rm(seq_id, n_keep, -1);
-    if (dft) {
-        dft->kv.seq_rm(seq_id, n_keep, -1);
-    }
-    const auto t0 = clock_type::now();
-    dspark_token first = 0;
-    try {
-        const int32_t last = prefill(s, r, n_keep);
-        first = first_token(s, tgt.logits.data() + (size_t) last * tgt.hp().n_vocab);
-    } catch (...) {
-        tgt.kv.seq_rm(seq_id, 0, -1);
-        if (dft) {
-            dft->kv.seq_rm(seq_id, 0, -1);
-        }
-        throw;
-    }
-    s.n_past = r.n_prompt;
-    s.status = DSPARK_SEQ_ACTIVE;
-    s.stats.t_prefill_ms = ms_since(t0);
-    s.stats.n_cached = n_keep;
-    s.anchor = first;
-    s.emit(first, false, eog);
-    total.n_prompt += r.n_prompt;
-    total.n_cached += n_keep;
-    total.n_generated += 1;
-    total.t_prefill_ms += s.stats.t_prefill_ms;
-    seqs[seq_id] = std::move(s);
-}
-
-// The prefill's first token, from the last prompt row's logits: adjusted (the constraint's mask
-// of the empty continuation), its logprob recorded, and committed to the adjuster (and so to the
-// constraint; a failing callback throws).
-dspark_token dspark_engine::first_token(dspark_seq_state & s, const float * logits) {
-    const int V = tgt.hp().n_vocab;
-    const float * adj = nullptr;
-    if (s.adjust) {
-        if (s.adjust->constrained()) {
-            s.adjust->ask_masks(nullptr, 0);
-        }
-        adj = s.adjust->fill(logits, nullptr, 0);
-    }
-    const dspark_token first = dspark_sample_host(logits, V, s.sp, s.sp.greedy() ? 0.0f : s.rng.next(), adj);
-    if (s.logprobs) {
-        s.new_logprobs.add(logits, adj, V, s.sp, first);
-    }
-    if (s.adjust) {
-        s.adjust->undo();
-        s.adjust->accept(&first, 1);
-    }
-    return first;
-}
-
-// Decode prompt positions [from, n_prompt) into the target, n_batch at a time, and inject their
-// features into the draft; the logits of the last position stay in the target context, at the
-// row returned. A prompt_logprobs request outputs every row (chunks of at most n_outputs_max) and
-// records each prompt token's logprob under the row before it.
-int32_t dspark_engine::prefill(dspark_seq_state & s, const dspark_request & r, int32_t from) {
-    const int32_t seq_id = s.id;
-    const bool all = s.want_prompt_logprobs;
-    const int32_t chunk = all ? (int32_t) std::min<uint32_t>(tgt.params.n_batch, tgt.n_outputs_max) : (int32_t) tgt.params.n_batch;
-    const int V = tgt.hp().n_vocab;
-    int32_t last = 0;
-    for (int32_t off = from; off < r.n_prompt; off += chunk) {
-        const int32_t n = std::min<int32_t>(chunk, r.n_prompt - off);
-        std::vector<dspark_pos> pos(n);
-        std::vector<dspark_seq_id> seq(n, seq_id);
-        std::vector<int8_t> out(n, all ? 1 : 0);
-        for (int32_t i = 0; i < n; ++i) {
-            pos[i] = off + i;
-        }
-        out[n - 1] = all || off + n == r.n_prompt;
-        dspark_batch b = {n, r.prompt + off, pos.data(), seq.data(), out.data()};
-        tgt.decode(b);
-        last = all ? n - 1 : 0;
-        for (int32_t i = 0; all && i < n && off + i + 1 < r.n_prompt; ++i) {
-            s.prompt_logprobs.add_raw(tgt.logits.data() + (size_t) i * V, V, r.prompt[off + i + 1]);
-        }
-        if (dft) {
-            for (int32_t c = 0; c < n; c += (int32_t) dft->params.n_batch) {
-                const int32_t m = std::min<int32_t>((int32_t) dft->params.n_batch, n - c);
-                const int32_t width = dft->hp().feature_width();
-                dft->inject(tgt.captured.data() + (size_t) c * width, m, width, pos.data() + c, seq.data() + c,
-                            r.prompt + off + c);
-            }
-        }
-    }
-    return last;
-}
-
-void dspark_engine::remove(int32_t seq_id) {
-    auto it = seqs.find(seq_id);
-    if (it == seqs.end()) {
-        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "sequence %d is not known to the engine", seq_id);
-    }
-    tgt.kv.seq_rm(seq_id, 0, -1);
-    if (dft) {
-        dft->kv.seq_rm(seq_id, 0, -1);
-    }
-    seqs.erase(it);
-}
-
-void dspark_engine::detach(int32_t seq_id) {
-    seq(seq_id);  // throws for an unknown one
-    seqs.erase(seq_id);
-}
-
-// How many draft tokens this sequence can still use: room for them plus the target's own token
-// in max_tokens and in both contexts.
-int dspark_engine::draft_budget(const dspark_seq_state & s) const {
-    int k = n_draft;
-    if (s.max_tokens > 0) {
-        k = std::min(k, s.max_tokens - s.stats.n_generated - 1);
-    }
-    k = std::min(k, (int) tgt.params.n_ctx - s.n_past - 1);
-    if (s.n_past + dft->block_len(n_draft) > (int) dft->params.n_ctx) {
-        k = 0;  // the block would not fit the draft's context
-    }
-    return std::max(k, 0);
-}
-
 // ---- one step -------------------------------------------------------------------------------------
 
 void dspark_engine::clear_new_tokens() {
@@ -326,14 +160,14 @@ int32_t dspark_engine::step_once() {
     if (plans.empty()) {
         return 0;
     }
-    const auto t0 = clock_type::now();
+    const auto t0 = dspark_clock::now();
     if (costed() && last_step_ms > 0.0) {
         blocks.observe_gap(std::chrono::duration<double, std::milli>(t0 - last_step_end).count(), last_step_ms);
     }
     const int k = dft && n_draft > 0 ? (costed() ? choose_block(plans) : n_draft) : 0;
     const uint64_t draft_builds = dft ? dft->n_graphs_built : 0;
     const drafted d = dft && n_draft > 0 ? draft_blocks(plans, k) : drafted();
-    const double t_draft = ms_since(t0);
+    const double t_draft = dspark_ms_since(t0);
     if (costed() && d.n_seqs > 0 && d.steady && dft->n_graphs_built == draft_builds) {
         // what the next steps at this length cost: not a catch-up (the features of steps without a
         // draft) nor a graph build (a change of shape), both paid once
@@ -354,7 +188,7 @@ int32_t dspark_engine::step_once() {
         msg.swap(failed_commit);
         dspark_throw(DSPARK_STATUS_INTERNAL, "%s", msg.c_str());
     }
-    last_step_end = clock_type::now();
+    last_step_end = dspark_clock::now();
     last_step_ms = std::chrono::duration<double, std::milli>(last_step_end - t0).count();
     if (costed()) {
         blocks.observe_step(last_step_ms);
@@ -543,49 +377,9 @@ void dspark_engine::verify(std::vector<plan> & plans) {
     }
 }
 
-// Sample this verify batch inside the target's graph? AUTO does where every sequence is greedy:
-// the graph's argmax saves reading the logits back, while its filters and sorts for temperature
-// sampling cost more than the host's (bench/bench_spec.py --sampling host backend).
-bool dspark_engine::in_graph_sampling(const std::vector<plan> & plans, size_t begin, size_t end) const {
-    for (size_t i = begin; i < end; ++i) {
-        if (plans[i].s->needs_logits()) {
-            return false;  // its adjustments and logprobs are the host's (any backend setting)
-        }
-    }
-    if (params.backend_sampling != DSPARK_BACKEND_SAMPLING_AUTO) {
-        return params.backend_sampling == DSPARK_BACKEND_SAMPLING_ON;
-    }
-    for (size_t i = begin; i < end; ++i) {
-        if (!plans[i].s->sp.greedy()) {
-            return false;
-        }
-    }
-    return true;
-}
-
-// The in-graph sampler's adjustment input of a chunk: every row's, zero for sequences without one
-// (only when some sequence of the chunk has one: the others' batches keep their graphs).
-void dspark_engine::adjust_rows(const std::vector<plan> & plans, size_t begin, size_t end, dspark_sampler_rows & rows) const {
-    bool any = false;
-    for (size_t i = begin; i < end; ++i) {
-        any = any || plans[i].adjust;
-    }
-    if (!any) {
-        return;
-    }
-    const size_t V = (size_t) tgt.hp().n_vocab;
-    rows.adjust.assign(rows.size() * V, 0.0f);
-    for (size_t i = begin; i < end; ++i) {
-        const plan & p = plans[i];
-        if (p.adjust) {
-            std::copy(p.adjust, p.adjust + (p.draft.size() + 1) * V, rows.adjust.begin() + (size_t) p.row * V);
-        }
-    }
-}
-
 // Decode plans [begin, end) in one target batch, then accept and commit each of them.
 double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size_t end) {
-    auto t0 = clock_type::now();
+    auto t0 = dspark_clock::now();
     std::vector<dspark_token> tok;
     std::vector<dspark_pos> pos;
     std::vector<dspark_seq_id> seq;
@@ -628,13 +422,13 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
     const uint64_t builds = tgt.n_graphs_built;
     dspark_batch b = {(int32_t) tok.size(), tok.data(), pos.data(), seq.data(), out.data()};
     tgt.decode(b, backend ? &rows : nullptr);
-    const double t_verify = ms_since(t0);
+    const double t_verify = dspark_ms_since(t0);
     total.t_verify_ms += t_verify;
     if (costed() && tgt.n_graphs_built == builds) {  // a graph build is paid once per shape
         blocks.verify.observe((int) tok.size(), t_verify, blocks.now());
     }
 
-    t0 = clock_type::now();
+    t0 = dspark_clock::now();
     // From here on the step commits: it must not be stopped halfway.
     struct no_abort {
         dspark_compute * c;
@@ -669,7 +463,7 @@ double dspark_engine::verify_chunk(std::vector<plan> & plans, size_t begin, size
             }
         }
     }
-    total.t_host_ms += ms_since(t0);
+    total.t_host_ms += dspark_ms_since(t0);
     return t_verify;
 }
 

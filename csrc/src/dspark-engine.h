@@ -28,7 +28,13 @@
 #include <string>
 #include <vector>
 
-using clock_t_point = std::chrono::steady_clock::time_point;
+using dspark_clock = std::chrono::steady_clock;
+using clock_t_point = dspark_clock::time_point;
+
+// Milliseconds since t0 (the engine's timings).
+inline double dspark_ms_since(clock_t_point t0) {
+    return std::chrono::duration<double, std::milli>(dspark_clock::now() - t0).count();
+}
 
 // Draft tokens per step for n_max (0 = the most the draft's block layout allows; larger is clamped).
 int32_t dspark_clamp_n_draft(const dflash_hparams & draft, int32_t n_max);
