@@ -79,6 +79,21 @@ def test_an_end_token_in_the_draft_ends_the_rows(tok):
     assert n == len(ids) + 1 and eog in allowed(rows[len(ids)], c.n_vocab)
 
 
+def random_walk(tok, c: GrammarConstraint, rng: random.Random, steps: int) -> str | None:
+    """The text of a random walk through the constraint's masks until it takes an end token
+    (preferred when allowed, so that walks stay short); None if it took more than ``steps``."""
+    out: list[int] = []
+    for _ in range(steps):
+        choices = sorted(allowed(masks(c, [])[1][0], c.n_vocab))
+        end = [t for t in choices if t in tok.eog_ids]
+        t = end[0] if end and rng.random() < 0.5 else rng.choice(choices)
+        if t in tok.eog_ids:
+            return tok.decode(out)
+        c.commit([t])
+        out.append(t)
+    return None
+
+
 @pytest.mark.parametrize("grammar", ["schema", "object"])
 def test_random_walks_give_valid_documents(tok, grammar):
     jsonschema = pytest.importorskip("jsonschema")
@@ -86,20 +101,10 @@ def test_random_walks_give_valid_documents(tok, grammar):
     n_checked = 0
     for _ in range(20):
         g = json_schema_grammar(SCHEMA) if grammar == "schema" else json_object_grammar()
-        c = GrammarConstraint(tok, g)
-        out: list[int] = []
-        for _ in range(400):
-            choices = sorted(allowed(masks(c, [])[1][0], c.n_vocab))
-            # prefer ending when allowed, so that the walk stays short
-            end = [t for t in choices if t in tok.eog_ids]
-            t = end[0] if end and rng.random() < 0.5 else rng.choice(choices)
-            if t in tok.eog_ids:
-                break
-            c.commit([t])
-            out.append(t)
-        else:
+        text = random_walk(tok, GrammarConstraint(tok, g), rng, 400)
+        if text is None:
             continue  # too long a walk (a long string): nothing to check
-        doc = json.loads(tok.decode(out))
+        doc = json.loads(text)
         if grammar == "schema":
             jsonschema.validate(doc, SCHEMA)
         else:
@@ -129,19 +134,10 @@ def test_gbnf_grammars_random_walks_match_the_language(tok):
     rng = random.Random(3)
     walks = 0
     for _ in range(20):
-        c = GrammarConstraint(tok, gbnf_grammar(GBNF_LIST))
-        out: list[int] = []
-        for _ in range(200):
-            choices = sorted(allowed(masks(c, [])[1][0], c.n_vocab))
-            end = [t for t in choices if t in tok.eog_ids]
-            t = end[0] if end and rng.random() < 0.5 else rng.choice(choices)
-            if t in tok.eog_ids:
-                break
-            c.commit([t])
-            out.append(t)
-        else:
+        text = random_walk(tok, GrammarConstraint(tok, gbnf_grammar(GBNF_LIST)), rng, 200)
+        if text is None:
             continue
-        assert re.fullmatch(r"\[[a-c][0-9](,[a-c][0-9])*\]", tok.decode(out)), tok.decode(out)
+        assert re.fullmatch(r"\[[a-c][0-9](,[a-c][0-9])*\]", text), text
         walks += 1
     assert walks >= 10
 
