@@ -133,17 +133,17 @@ static ggml_tensor * markov_input(const dspark_graph & g, const dflash_model & m
 }
 
 // The chain's start: each block's anchor (token 0), a strided view of the token input gathered to
-// [n_blocks]; and the RNN state, zero at the first predicting slot.
+// [n_blocks].
 static ggml_tensor * chain_anchors(ggml_context * ctx, const dflash_block_graph & io, int n_blocks, int block_len) {
     ggml_tensor * prev = ggml_view_2d(ctx, io.tokens, 1, n_blocks, sizeof(int32_t) * block_len, 0);
     return ggml_reshape_1d(ctx, ggml_cont(ctx, prev), n_blocks);
 }
 
-static ggml_tensor * chain_state(ggml_context * ctx, const dflash_model & m, int n_blocks) {
-    if (m.hp.markov != markov_head::rnn) {
-        return nullptr;
-    }
-    return ggml_fill(ctx, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, m.hp.markov_rank, n_blocks), 0.0f);
+// The RNN state at the first predicting slot: zeros shaped like e = W1[anchor] [R, n_blocks], as
+// e · 0 (W1's rows are finite), rather than a fill of an unallocated tensor, a pattern that
+// corrupted memory on Vulkan (see dflash_vocab_maps).
+static ggml_tensor * chain_state(ggml_context * ctx, const dflash_model & m, ggml_tensor * e) {
+    return m.hp.markov == markov_head::rnn ? ggml_scale(ctx, e, 0.0f) : nullptr;
 }
 
 // confidence of slot j = σ((w · [h; e] + b) / T_j), [1, n_blocks] (T_j: the calibrated temperature)
@@ -200,10 +200,13 @@ static ggml_tensor * markov_chain(const dspark_graph & g, const dflash_model & m
     ggml_tensor * cand = top_k > 0 ? ggml_top_k(ctx, logits, top_k) : nullptr;        // I32 [K, P·n_blocks]
     ggml_tensor * cand_logits = cand ? dspark_gather_cols(ctx, logits, cand) : nullptr;  // [K, P·n_blocks]
     ggml_tensor * prev = chain_anchors(ctx, io, n_blocks, block_len);
-    ggml_tensor * s = chain_state(ctx, m, n_blocks);
+    ggml_tensor * s = nullptr;
     std::vector<ggml_tensor *> biased_slots;
     for (int j = 0; j < P; ++j) {
         ggml_tensor * e = ggml_get_rows(ctx, m.markov_w1, prev);  // [R, n_blocks]
+        if (j == 0) {
+            s = chain_state(ctx, m, e);
+        }
         ggml_tensor * h = ggml_cont(ctx, slot_view(ctx, hid, j, P, n_blocks));
         ggml_tensor * r = markov_input(g, m, e, h, &s);
         if (m.conf_w) {
