@@ -201,3 +201,33 @@ def test_a_request_s_constraint_replaces_the_server_s_default_one():
     assert (asked.json_schema, asked.grammar) == ({"type": "object"}, None)
     asked = parse_completion({"prompt": "x", "grammar": 'root ::= "b"'}, DEFAULTS, 4).sampling
     assert asked.grammar == gbnf_grammar('root ::= "b"') != served.grammar and asked.json_schema is None
+
+
+def test_a_responses_request_becomes_the_chat_request_it_runs_as():
+    pytest.importorskip("llguidance")
+    from dspark_ggml.server.protocol import parse_responses
+
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    body = {"instructions": "Be brief.", "max_output_tokens": 9, "parallel_tool_calls": False, "top_logprobs": 2,
+            "tools": [{"type": "function", "name": "weather", "description": "d", "parameters": params}],
+            "tool_choice": {"type": "function", "name": "weather"},
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "Paris?"}]},
+                      {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": '{"city": "Paris"}'},
+                      {"type": "function_call", "call_id": "c2", "name": "weather", "arguments": '{"city": "Lyon"}'},
+                      {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                      {"type": "function_call_output", "call_id": "c2", "output": "rain"}]}
+    r = parse_responses(body, DEFAULTS, 4)
+    chat = r.chat
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant", "tool", "tool"]
+    calls = chat.messages[2]["tool_calls"]  # consecutive calls: one assistant message (arguments
+    assert [(c["id"], c["function"]["arguments"]) for c in calls] == [("c1", {"city": "Paris"}),  # parsed for
+                                                                      ("c2", {"city": "Lyon"})]   # the template)
+    assert chat.messages[3] == {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    assert chat.tools.names == ["weather"] and chat.tools.forced == "weather" and not chat.tools.parallel
+    assert chat.sampling.max_tokens == 9 and chat.sampling.logprobs == 2 and chat.sampling.grammar is not None
+    assert r.echo["tool_choice"] == body["tool_choice"] and r.echo["top_logprobs"] == 2
+    fmt = {"type": "json_schema", "name": "city", "schema": params, "strict": True}
+    schema = parse_responses({"input": "x", "text": {"format": fmt}}, DEFAULTS, 4).chat.sampling.json_schema
+    assert schema == params
+    assert parse_responses({"input": "x", "include": ["message.output_text.logprobs"]}, DEFAULTS, 4).chat.sampling.logprobs == 0
+    assert parse_responses({"input": "x"}, DEFAULTS, 4).chat.sampling.logprobs is None
