@@ -16,6 +16,7 @@ from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams
 from dspark_ggml.system import devices
 from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
+from tests.engine_steps import step_to_end
 
 pytestmark = pytest.mark.device
 
@@ -132,10 +133,7 @@ def _run(target: Model, draft: DraftModel | None, sp: SamplingParams, n_seq: int
     dctx = DraftContext(draft, n_ctx=256, n_seq_max=n_seq, type_kv="f32", n_threads=2) if draft else None
     eng = Engine(ctx, dctx, **kw)
     outs = {s: list(eng.add(s, PROMPTS[s], sp)) for s in range(n_seq)}
-    while any(eng.status(s) == "active" for s in outs):
-        eng.step()
-        for s in outs:
-            outs[s] += eng.new_tokens(s)[0]
+    step_to_end(eng, outs)
     return [outs[s] for s in range(n_seq)]
 
 

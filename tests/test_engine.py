@@ -14,6 +14,7 @@ from dspark_ggml.sampling import SamplingParams, sample_rows
 from dspark_ggml.speculative import SpeculativeConfig
 from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_id_target
 from tests.gguf_edit import rewrite_gguf
+from tests.engine_steps import step_to_end
 
 V = 24  # a tiny vocabulary: random drafts get accepted now and then, and distributions are testable
 PROMPTS = [[3, 17, 5, 9, 1], [8, 8, 2], [20, 4, 11, 6, 13, 2, 7]]
@@ -69,10 +70,7 @@ def test_greedy_is_lossless_for_several_sequences_at_once(setup, name):
     expected = [_greedy(target, p, 40) for p in PROMPTS]
     eng = _engine(target, drafts[name], n_seq=3)
     outs = {s: list(eng.add(s, p, SamplingParams(max_tokens=40))) for s, p in enumerate(PROMPTS)}
-    while any(eng.status(s) == "active" for s in outs):
-        eng.step()
-        for s in outs:
-            outs[s] += eng.new_tokens(s)[0]
+    step_to_end(eng, outs)
     assert [outs[s] for s in range(3)] == expected
     st = eng.stats()
     assert st.n_generated == 120 and st.n_steps > 0
@@ -112,10 +110,7 @@ def test_sampled_output_equals_target_only_for_the_same_seed(setup):
 def _run_jobs(eng, jobs):
     """Run (prompt, SamplingParams) jobs as sequences 0, 1, ... of one batch; their tokens."""
     outs = {s: list(eng.add(s, prompt, sp)) for s, (prompt, sp) in enumerate(jobs)}
-    while any(eng.status(s) == "active" for s in outs):
-        eng.step()
-        for s in outs:
-            outs[s] += eng.new_tokens(s)[0]
+    step_to_end(eng, outs)
     return [outs[s] for s in sorted(outs)]
 
 
@@ -152,10 +147,7 @@ def _marginals(target, draft, mode, seeds, n_pos=4, n_seq=32):
         outs = {}
         for s, seed in enumerate(batch):
             outs[s] = list(eng.add(s, prompt, SamplingParams(temperature=0.7, max_tokens=n_pos, seed=int(seed))))
-        while any(eng.status(s) == "active" for s in outs):
-            eng.step()
-            for s in outs:
-                outs[s] += eng.new_tokens(s)[0]
+        step_to_end(eng, outs)
         for s in outs:
             for j, t in enumerate(outs[s][:n_pos]):
                 counts[j, t] += 1
@@ -266,10 +258,7 @@ def test_stops_end_a_sequence_while_others_go_on(setup):
     eng.add(1, PROMPTS[0], SamplingParams(max_tokens=7))
     eng.add(2, PROMPTS[0], SamplingParams(max_tokens=40), stop_sequences=[full[4:6]])
     outs = {s: list(eng.new_tokens(s)[0]) for s in range(3)}
-    while any(eng.status(s) == "active" for s in range(3)):
-        eng.step()
-        for s in range(3):
-            outs[s] += eng.new_tokens(s)[0]
+    step_to_end(eng, outs)
     first_eog = full.index(full[10])
     stop = full[4:6]
     first_stop = next(i for i in range(1, len(full)) if full[i - 1:i + 1] == stop)
@@ -308,10 +297,7 @@ def test_n_max_n_min_p_min(setup):
 
 def _run_batch(eng, n_tokens):
     outs = {s: list(eng.add(s, p, SamplingParams(max_tokens=n_tokens))) for s, p in enumerate(PROMPTS)}
-    while any(eng.status(s) == "active" for s in outs):
-        eng.step()
-        for s in outs:
-            outs[s] += eng.new_tokens(s)[0]
+    step_to_end(eng, outs)
     return [outs[s] for s in range(len(PROMPTS))]
 
 

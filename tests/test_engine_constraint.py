@@ -10,9 +10,9 @@ from dspark_ggml.draft import DraftModel
 from dspark_ggml.errors import ConstraintError
 from dspark_ggml.sampling import SamplingParams
 from tests.test_engine import PROMPTS, V, _bigram_draft, _chi2_same_distribution, _engine
-from tests.test_engine_adjust import run_engine
 from tests.gguf_edit import rewrite_gguf
 from tests.tiny_models import DraftConfig, write_draft, write_id_target
+from tests.engine_steps import step_to_end
 
 EOS = 0
 
@@ -149,10 +149,7 @@ def _marginals(target, draft, seeds, allowed, mode, n_pos=3, n_seq=32, backend="
         cs = {s: OnlySet(allowed) for s in range(len(batch))}
         outs = {s: list(eng.add(s, prompt, SamplingParams(temperature=2.0, max_tokens=n_pos, seed=int(seed)),
                                 constraint=cs[s])) for s, seed in enumerate(batch)}
-        while any(eng.status(s) == "active" for s in outs):
-            eng.step()
-            for s in outs:
-                outs[s] += eng.new_tokens(s)[0]
+        step_to_end(eng, outs)
         for s, out in outs.items():
             for j, t in enumerate(out[:n_pos]):
                 counts[j, t] += 1

@@ -11,6 +11,7 @@ from dspark_ggml.engine import Engine
 from dspark_ggml.errors import AbortedError, ContextFullError
 from dspark_ggml.sampling import SamplingParams
 from tests.tiny_models import DraftConfig, write_draft, write_id_target
+from tests.engine_steps import step_to_end
 
 V = 24
 
@@ -42,10 +43,7 @@ def _engine(target, draft, n_seq, n_batch, **kw) -> Engine:
 
 def _run_all(eng: Engine, n: int) -> list[list[int]]:
     outs = [list(eng.add(s, _prompt(s), _sampling(s))) for s in range(n)]
-    while any(eng.status(s) == "active" for s in range(n)):
-        eng.step()
-        for s in range(n):
-            outs[s] += eng.new_tokens(s)[0]
+    step_to_end(eng, outs)
     return outs
 
 
@@ -88,10 +86,7 @@ def test_abort_in_a_split_step_leaves_every_sequence_as_before(pair):
     assert [eng.stats(s).n_generated for s in range(n)] == before
     eng.set_abort_callback(None)
     outs = [[] for _ in range(n)]
-    while any(eng.status(s) == "active" for s in range(n)):
-        eng.step()
-        for s in range(n):
-            outs[s] += eng.new_tokens(s)[0]
+    step_to_end(eng, outs)
     for i in (0, 1, 15):  # the rest of each sequence as if nothing had happened
         assert outs[i] == _alone(target, draft, i)[-len(outs[i]):]
 

@@ -24,6 +24,7 @@ from dspark_ggml.llm import LLM
 from dspark_ggml.sampling import SamplingParams
 from tests.tiny_models import DraftConfig, write_draft, write_id_target
 from tests.gguf_edit import rewrite_gguf
+from tests.engine_steps import step_to_end
 
 V = 24
 E = 64
@@ -96,10 +97,7 @@ def _counts(target, draft, seed0: int, n_seq: int = 32, backend: bool = False) -
             sp = SamplingParams(temperature=g.temperature, top_k=g.top_k, top_p=g.top_p, min_p=g.min_p,
                                 max_tokens=N_POS, seed=seed0 + start + s)
             outs[s] = list(eng.add(s, PROMPT, sp))
-        while any(eng.status(s) == "active" for s in outs):
-            eng.step()
-            for s in outs:
-                outs[s] += eng.new_tokens(s)[0]
+        step_to_end(eng, outs)
         for s, toks in outs.items():
             for j, t in enumerate(toks[:N_POS]):
                 counts[(start + s) % len(GROUPS), j, t] += 1
@@ -215,10 +213,7 @@ def test_a_sampled_sequence_is_the_same_alone_and_in_a_mixed_batch(models, mode,
     n = 12
     eng = _engine(target, draft, n, mode, schedule=schedule)
     outs = [list(eng.add(s, _prompt(s), _mixed(s))) for s in range(n)]
-    while any(eng.status(s) == "active" for s in range(n)):
-        eng.step()
-        for s in range(n):
-            outs[s] += eng.new_tokens(s)[0]
+    step_to_end(eng, outs)
     alone = [_engine(target, draft, 1, mode, schedule=schedule).generate(_prompt(i), _mixed(i)) for i in range(n)]
     assert outs == alone
     # and a different seed changes the output (the seed is used)
