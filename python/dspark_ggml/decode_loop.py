@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from .engine import Engine
 from .logprobs import TokenLogprob
@@ -121,12 +121,6 @@ class LiveSequence:
         return self.stops.feed(tail) + self.stops.flush()
 
 
-def context_full_victim(seqs: Iterable[LiveSequence]) -> LiveSequence:
-    """The sequence to end when a step finds the KV cells full: they are shared by the sequences,
-    so the longest one (prompt and generated tokens) ends with "context_full" and the others go on."""
-    return max(seqs, key=lambda s: len(s.request.prompt) + s.n_tokens)
-
-
 @dataclass
 class StepOutcome:
     """What a step of the engine gave: a chunk per sequence (those with tokens, or all when the
@@ -175,7 +169,9 @@ class RunningSequences:
         return StepOutcome(chunks, failure)
 
     def context_full_victim(self) -> LiveSequence:
-        return context_full_victim(self.live.values())
+        """The sequence to end when a step finds the KV cells full: they are shared by the sequences,
+        so the longest one (prompt and generated tokens) ends with "context_full" and the others go on."""
+        return max(self.live.values(), key=lambda s: len(s.request.prompt) + s.n_tokens)
 
     def leave(self, seq: LiveSequence, keep_cells: bool = False) -> GenerationStats:
         """A sequence is done: its statistics; the engine forgets it, its KV cells freed (or, with
