@@ -129,18 +129,6 @@ static_assert(sizeof(q8k_block) == 292 && sizeof(q2k_block) == 84 && sizeof(q3k_
 
 const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-// The 6-bit scales and mins of q4_K and q5_K, sub-block j of 8.
-void scale_min_k4(int j, const uint8_t * q, int32_t & sc, int32_t & m) {
-    if (j < 4) {
-        sc = q[j] & 63;
-        m  = q[j + 4] & 63;
-    } else {
-        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m  = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
     defined(__AVX512VNNI__)
 #    define DSPARK_KQUANT_SIMD 1
@@ -167,10 +155,18 @@ struct kq_column_block {
     float   d;
 };
 
+// f16 → f32 is exact; the instruction, not a call into ggml (a call would spill the vectors).
+inline float half_to_float(ggml_fp16_t h) { return _cvtsh_ss(h); }
 inline __m512i nibbles_lo(__m512i x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0F)); }
 inline __m512i nibbles_hi(__m512i x) { return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0F)); }
 inline __m512i twice(const uint8_t * p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *) p)); }
 const __mmask64 UPPER_HALF = 0xFFFFFFFF00000000ull;
+
+// Each byte of the lower half of x shifted right by `lo`, of the upper half by `hi` (bits that
+// cross into a byte from its neighbour are above the ones the callers keep).
+inline __m512i shift_halves(__m512i x, int lo, int hi) {
+    return _mm512_srlv_epi16(x, _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short) lo), _mm512_set1_epi16((short) hi)));
+}
 
 // int16 lanes taking scales[idx[lane]] from 16 int16 scales
 inline __m512i spread(__m256i scales16, const int16_t * idx) {
@@ -183,14 +179,33 @@ alignas(64) const int16_t SPREAD_NATURAL16[4][32] = {  // 64 values per vector i
     {8,8,8,8,8,8,8,8, 9,9,9,9,9,9,9,9, 10,10,10,10,10,10,10,10, 11,11,11,11,11,11,11,11},
     {12,12,12,12,12,12,12,12, 13,13,13,13,13,13,13,13, 14,14,14,14,14,14,14,14, 15,15,15,15,15,15,15,15}};
 
-// scales of 8 sub-blocks of 32 as 16 int16 runs of 16 (run k has scale k/2)
-inline __m256i per16_of_8(const uint8_t * s8) {
-    const __m128i s = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *) s8));
-    return _mm256_permutexvar_epi16(_mm256_setr_epi16(0,0,1,1,2,2,3,3,4,4,5,5,6,6,7,7), _mm256_castsi128_si256(s));
-}
-inline __m256i per16_of_8_signed(const int16_t * s16) {
-    const __m128i s = _mm_loadu_si128((const __m128i *) s16);
-    return _mm256_permutexvar_epi16(_mm256_setr_epi16(0,0,1,1,2,2,3,3,4,4,5,5,6,6,7,7), _mm256_castsi128_si256(s));
+// q4_K and q5_K: the 6-bit scales and mins of the 8 sub-blocks of 32 (12 bytes: the low 6 bits of
+// bytes 0-3 and 4-7 are the scales and mins of sub-blocks 0-3; for sub-blocks 4-7, bytes 8-11 hold
+// their low 4 bits and the top 2 bits of bytes 0-3 / 4-7 their high ones). K4_SPREAD[v]: the
+// sub-block of each int16 lane of vector v in q4_K's order (one sub-block per half).
+alignas(64) const int16_t K4_SPREAD[4][32] = {
+    {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0, 2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2},
+    {1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1, 3,3,3,3,3,3,3,3,3,3,3,3,3,3,3,3},
+    {4,4,4,4,4,4,4,4,4,4,4,4,4,4,4,4, 6,6,6,6,6,6,6,6,6,6,6,6,6,6,6,6},
+    {5,5,5,5,5,5,5,5,5,5,5,5,5,5,5,5, 7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7}};
+// A q4_K / q5_K block opens with d, dmin and the scales (16 bytes, one vector): d, dmin and the
+// int16 scale vectors, decoded in vector lanes [d|dmin, u0, u1, u2] (u: the scale bytes as words).
+inline void k4_header(const void * block, kq_block_vectors & b) {
+    const __m128i h = _mm_loadu_si128((const __m128i *) block);
+    const __m128i a = _mm_shuffle_epi32(h, 0xED);  // [u0, u2, u1, u2]
+    const __m128i c = _mm_shuffle_epi32(h, 0xA5);  // [u0, u0, u1, u1]
+    // [u0 & low6, (u2 & low4) | top2(u0) << 4, u1 & low6, (u2 >> 4 & low4) | top2(u1) << 4]
+    const __m128i low = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                      _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(c, 6), _mm_setr_epi32(0, 0x03030303, 0, 0x03030303)), 4);
+    const __m256i sm = _mm256_cvtepu8_epi16(_mm_or_si128(low, top));  // int16 [scale 0..7, min 0..7]
+    for (int v = 0; v < 4; ++v) {
+        b.scale[v] = _mm512_permutexvar_epi16(_mm512_load_si512(K4_SPREAD[v]), _mm512_castsi256_si512(sm));
+    }
+    b.min16 = _mm256_permutexvar_epi16(_mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), sm);
+    const __m128 d = _mm_cvtph_ps(h);  // d, dmin (and the scale bytes read as halves: unused)
+    b.d = _mm_cvtss_f32(d);
+    b.dmin = _mm_cvtss_f32(_mm_movehdup_ps(d));
 }
 
 // ---- q4_K: vector 2j holds the low nibbles of qs[64j..64j+63] (values 128j + 0..31, 64..95),
@@ -207,23 +222,7 @@ struct q4k_simd {
         const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
         b.code[0] = nibbles_lo(q0); b.code[1] = nibbles_hi(q0);
         b.code[2] = nibbles_lo(q1); b.code[3] = nibbles_hi(q1);
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; ++j) {
-            int32_t a, m;
-            scale_min_k4(j, x.scales, a, m);
-            sc[j] = (uint8_t) a; mn[j] = (uint8_t) m;
-        }
-        b.scale16 = per16_of_8(sc);
-        b.min16 = per16_of_8(mn);
-        alignas(64) static const int16_t idx[4][32] = {  // vector v: sub-blocks (v/2)*4 + (v%2) and + 2
-            {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0, 4,4,4,4,4,4,4,4,4,4,4,4,4,4,4,4},
-            {2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2, 6,6,6,6,6,6,6,6,6,6,6,6,6,6,6,6},
-            {8,8,8,8,8,8,8,8,8,8,8,8,8,8,8,8, 12,12,12,12,12,12,12,12,12,12,12,12,12,12,12,12},
-            {10,10,10,10,10,10,10,10,10,10,10,10,10,10,10,10, 14,14,14,14,14,14,14,14,14,14,14,14,14,14,14,14}};
-        for (int v = 0; v < 4; ++v) {
-            b.scale[v] = spread(b.scale16, idx[v]);
-        }
-        b.d = ggml_fp16_to_fp32(x.d); b.dmin = ggml_fp16_to_fp32(x.dmin);
+        k4_header(&x, b);
     }
 };
 
@@ -246,23 +245,7 @@ struct q5k_simd {
             const __mmask64 top = _mm512_test_epi8_mask(h, sel);
             b.code[v] = _mm512_mask_add_epi8(b.code[v], top, b.code[v], _mm512_set1_epi8(16));
         }
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; ++j) {
-            int32_t a, m;
-            scale_min_k4(j, x.scales, a, m);
-            sc[j] = (uint8_t) a; mn[j] = (uint8_t) m;
-        }
-        b.scale16 = per16_of_8(sc);
-        b.min16 = per16_of_8(mn);
-        alignas(64) static const int16_t idx[4][32] = {
-            {0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0, 4,4,4,4,4,4,4,4,4,4,4,4,4,4,4,4},
-            {2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2, 6,6,6,6,6,6,6,6,6,6,6,6,6,6,6,6},
-            {8,8,8,8,8,8,8,8,8,8,8,8,8,8,8,8, 12,12,12,12,12,12,12,12,12,12,12,12,12,12,12,12},
-            {10,10,10,10,10,10,10,10,10,10,10,10,10,10,10,10, 14,14,14,14,14,14,14,14,14,14,14,14,14,14,14,14}};
-        for (int v = 0; v < 4; ++v) {
-            b.scale[v] = spread(b.scale16, idx[v]);
-        }
-        b.d = ggml_fp16_to_fp32(x.d); b.dmin = ggml_fp16_to_fp32(x.dmin);
+        k4_header(&x, b);
     }
 };
 
@@ -277,8 +260,8 @@ struct q6k_simd {
             const __m512i l = _mm512_loadu_si512(x.ql + 64 * h);
             const __m512i q = twice(x.qh + 32 * h);
             // low nibbles: values 128h + 0..63 (top bits 0-1 for the first 32, 2-3 for the next)
-            const __m512i top_lo = _mm512_mask_blend_epi8(UPPER_HALF, q, _mm512_srli_epi16(q, 2));
-            const __m512i top_hi = _mm512_mask_blend_epi8(UPPER_HALF, _mm512_srli_epi16(q, 4), _mm512_srli_epi16(q, 6));
+            const __m512i top_lo = shift_halves(q, 0, 2);
+            const __m512i top_hi = shift_halves(q, 4, 6);
             const __m512i three = _mm512_set1_epi8(3);
             b.code[2 * h]     = _mm512_or_si512(nibbles_lo(l), _mm512_slli_epi16(_mm512_and_si512(top_lo, three), 4));
             b.code[2 * h + 1] = _mm512_or_si512(nibbles_hi(l), _mm512_slli_epi16(_mm512_and_si512(top_hi, three), 4));
@@ -287,7 +270,7 @@ struct q6k_simd {
         for (int v = 0; v < 4; ++v) {
             b.scale[v] = spread(b.scale16, SPREAD_NATURAL16[v]);
         }
-        b.d = ggml_fp16_to_fp32(x.d);
+        b.d = half_to_float(x.d);
     }
 };
 
@@ -302,25 +285,23 @@ struct q3k_simd {
         for (int v = 0; v < 4; ++v) {
             const int h = v >> 1, g = 2 * (v & 1);  // values 128h + 32g + 0..63: groups g and g + 1
             const __m512i q = twice(x.qs + 32 * h);
-            const __m512i low = _mm512_and_si512(
-                _mm512_mask_blend_epi8(UPPER_HALF, _mm512_srli_epi16(q, 2 * g), _mm512_srli_epi16(q, 2 * g + 2)),
-                _mm512_set1_epi8(3));
+            const __m512i low = _mm512_and_si512(shift_halves(q, 2 * g, 2 * g + 2), _mm512_set1_epi8(3));
             const __m512i sel = _mm512_mask_blend_epi8(UPPER_HALF, _mm512_set1_epi8((char) (1 << (4 * h + g))),
                                                        _mm512_set1_epi8((char) (1 << (4 * h + g + 1))));
             b.code[v] = _mm512_mask_add_epi8(low, _mm512_test_epi8_mask(hm, sel), low, _mm512_set1_epi8(4));
         }
-        uint32_t a[4];
-        memcpy(a, x.scales, 12);
-        const uint32_t m1 = 0x03030303, m2 = 0x0f0f0f0f, t = a[2];
-        a[2] = ((a[0] >> 4) & m2) | (((t >> 4) & m1) << 4);
-        a[3] = ((a[1] >> 4) & m2) | (((t >> 6) & m1) << 4);
-        a[0] = (a[0] & m2) | (((t >> 0) & m1) << 4);
-        a[1] = (a[1] & m2) | (((t >> 2) & m1) << 4);
-        b.scale16 = _mm256_sub_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) a)), _mm256_set1_epi16(32));
+        uint32_t a[3];  // 6-bit scales: low 4 bits in bytes 0-7 (two per byte), high 2 bits in bytes 8-11
+        memcpy(a, x.scales, sizeof(a));
+        const uint32_t m1 = 0x03030303, m2 = 0x0f0f0f0f;
+        const __m128i s = _mm_setr_epi32((int) ((a[0] & m2) | (((a[2] >> 0) & m1) << 4)),
+                                         (int) ((a[1] & m2) | (((a[2] >> 2) & m1) << 4)),
+                                         (int) (((a[0] >> 4) & m2) | (((a[2] >> 4) & m1) << 4)),
+                                         (int) (((a[1] >> 4) & m2) | (((a[2] >> 6) & m1) << 4)));
+        b.scale16 = _mm256_sub_epi16(_mm256_cvtepi8_epi16(s), _mm256_set1_epi16(32));
         for (int v = 0; v < 4; ++v) {
             b.scale[v] = spread(b.scale16, SPREAD_NATURAL16[v]);
         }
-        b.d = ggml_fp16_to_fp32(x.d);
+        b.d = half_to_float(x.d);
     }
 };
 
@@ -334,9 +315,7 @@ struct q2k_simd {
         for (int v = 0; v < 4; ++v) {
             const int h = v >> 1, j = 2 * (v & 1);
             const __m512i q = twice(x.qs + 32 * h);
-            b.code[v] = _mm512_and_si512(
-                _mm512_mask_blend_epi8(UPPER_HALF, _mm512_srli_epi16(q, 2 * j), _mm512_srli_epi16(q, 2 * j + 2)),
-                _mm512_set1_epi8(3));
+            b.code[v] = _mm512_and_si512(shift_halves(q, 2 * j, 2 * j + 2), _mm512_set1_epi8(3));
         }
         const __m256i s = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *) x.scales));
         b.scale16 = _mm256_and_si256(s, _mm256_set1_epi16(0xF));
@@ -344,7 +323,7 @@ struct q2k_simd {
         for (int v = 0; v < 4; ++v) {
             b.scale[v] = spread(b.scale16, SPREAD_NATURAL16[v]);
         }
-        b.d = ggml_fp16_to_fp32(x.d); b.dmin = ggml_fp16_to_fp32(x.dmin);
+        b.d = half_to_float(x.d); b.dmin = half_to_float(x.dmin);
     }
 };
 
@@ -362,25 +341,26 @@ struct iq4xs_simd {
         const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *) IQ4_VALUES));
         for (int k = 0; k < 4; ++k) {
             const __m512i q = twice(x.qs + 32 * k);
-            const __m512i nib = _mm512_mask_blend_epi8(UPPER_HALF, nibbles_lo(q), nibbles_hi(q));
+            const __m512i nib = nibbles_lo(shift_halves(q, 0, 4));
             const __m512i v = _mm512_shuffle_epi8(lut, nib);
             b.flip[k] = _mm512_movepi8_mask(v);
             b.code[k] = _mm512_abs_epi8(v);
         }
-        int16_t sc[8];
-        for (int s = 0; s < 8; ++s) {
-            sc[s] = (int16_t) ((((x.scales_l[s / 2] >> (4 * (s % 2))) & 0xF) | (((x.scales_h >> (2 * s)) & 3) << 4)) - 32);
-        }
-        b.scale16 = per16_of_8_signed(sc);
-        alignas(64) static const int16_t idx[4][32] = {  // run of 16 values → sub-block*2 in scale16
-            {0,0,0,0,0,0,0,0, 2,2,2,2,2,2,2,2, 0,0,0,0,0,0,0,0, 2,2,2,2,2,2,2,2},
-            {4,4,4,4,4,4,4,4, 6,6,6,6,6,6,6,6, 4,4,4,4,4,4,4,4, 6,6,6,6,6,6,6,6},
-            {8,8,8,8,8,8,8,8, 10,10,10,10,10,10,10,10, 8,8,8,8,8,8,8,8, 10,10,10,10,10,10,10,10},
-            {12,12,12,12,12,12,12,12, 14,14,14,14,14,14,14,14, 12,12,12,12,12,12,12,12, 14,14,14,14,14,14,14,14}};
+        // 6-bit scales (value + 32): the low 4 bits are the nibbles of scales_l, the top 2 the bit
+        // pairs of scales_h; deposited into the bytes of sub-blocks 0..7
+        uint32_t low;
+        memcpy(&low, x.scales_l, sizeof(low));
+        const uint64_t sc = _pdep_u64(low, 0x0F0F0F0F0F0F0F0Full) | _pdep_u64(x.scales_h, 0x3030303030303030ull);
+        const __m128i sc16 = _mm_sub_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long) sc)), _mm_set1_epi16(32));
+        alignas(64) static const int16_t idx[4][32] = {  // vector k: sub-blocks 2k, 2k+1, 2k, 2k+1 (16 values each)
+            {0,0,0,0,0,0,0,0, 1,1,1,1,1,1,1,1, 0,0,0,0,0,0,0,0, 1,1,1,1,1,1,1,1},
+            {2,2,2,2,2,2,2,2, 3,3,3,3,3,3,3,3, 2,2,2,2,2,2,2,2, 3,3,3,3,3,3,3,3},
+            {4,4,4,4,4,4,4,4, 5,5,5,5,5,5,5,5, 4,4,4,4,4,4,4,4, 5,5,5,5,5,5,5,5},
+            {6,6,6,6,6,6,6,6, 7,7,7,7,7,7,7,7, 6,6,6,6,6,6,6,6, 7,7,7,7,7,7,7,7}};
         for (int v = 0; v < 4; ++v) {
-            b.scale[v] = spread(b.scale16, idx[v]);
+            b.scale[v] = _mm512_permutexvar_epi16(_mm512_load_si512(idx[v]), _mm512_castsi128_si512(sc16));
         }
-        b.d = ggml_fp16_to_fp32(x.d);
+        b.d = half_to_float(x.d);
     }
 };
 
@@ -388,8 +368,8 @@ struct iq4xs_simd {
 template <typename T>
 void kq_prepare(const q8k_block * natural, int64_t nb, kq_column_block * out) {
     for (int64_t i = 0; i < nb; ++i) {
-        for (int p = 0; p < 256; ++p) {
-            out[i].qs[p] = natural[i].qs[T::order(p)];
+        for (int p = 0; p < 256; p += 16) {  // every type's order keeps runs of 16 together
+            memcpy(out[i].qs + p, natural[i].qs + T::order(p), 16);
         }
         memcpy(out[i].bsums, natural[i].bsums, sizeof(out[i].bsums));
         out[i].d = natural[i].d;
@@ -405,10 +385,11 @@ inline void kq_block_sums(const kq_block_vectors & b, const __m512i * col, __m25
         if constexpr (T::SIGNED) {
             a = _mm512_mask_sub_epi8(a, b.flip[v], _mm512_setzero_si512(), a);
         }
-        acc = _mm512_add_epi32(acc, _mm512_madd_epi16(b.scale[v], _mm512_maddubs_epi16(b.code[v], a)));
+        acc = _mm512_dpwssd_epi32(acc, b.scale[v], _mm512_maddubs_epi16(b.code[v], a));  // += scale·(pair sums)
     }
     if constexpr (T::BIAS != 0) {  // Σ scale·(code - BIAS)·a = Σ scale·code·a - BIAS·Σ scale·(sum of a)
-        const __m256i bias = _mm256_mullo_epi32(_mm256_madd_epi16(b.scale16, bsums), _mm256_set1_epi32(T::BIAS));
+        static_assert((T::BIAS & (T::BIAS - 1)) == 0, "the bias is a power of two: a shift");
+        const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(b.scale16, bsums), __builtin_ctz(T::BIAS));
         acc = _mm512_sub_epi32(acc, _mm512_zextsi256_si512(bias));
     }
     s1 = acc;

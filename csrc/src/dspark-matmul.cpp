@@ -298,7 +298,18 @@ dspark_mm_plan probe(ggml_backend_buffer_type_t buft, ggml_type type, int64_t K,
 
 }  // namespace
 
+// DSPARK_CPU_MATMUL=ggml / DSPARK_DEVICE_MATMUL=ggml: ggml's matmuls as they are (rows may then
+// depend on the batch): for measuring what batch invariance costs, and a way out.
+static bool env_says_ggml(const char * var) {
+    const char * v = getenv(var);
+    return v && strcmp(v, "ggml") == 0;
+}
+
 dspark_mm_plan dspark_matmul_plan(ggml_backend_buffer_type_t buft, ggml_type type, int64_t n_per_row, int64_t n_rows) {
+    static const bool off = env_says_ggml("DSPARK_CPU_MATMUL");
+    if (off) {
+        return {};
+    }
     // ggml's kernels also choose by the row count modulo 4, 8 and 16 (tiles, interleaved layouts)
     const int64_t M = 16 + n_rows % 16;
     static std::mutex mutex;
@@ -516,8 +527,7 @@ ggml_tensor * bindable(ggml_context * ctx, ggml_tensor * view, size_t offs, cons
 }  // namespace
 
 dspark_mm_plan dspark_matmul_plan_device(ggml_backend_dev_t dev, ggml_type type, int64_t n_per_row, int64_t n_rows, bool id) {
-    // DSPARK_DEVICE_MATMUL=ggml: ggml's matmuls as they are (rows may then depend on the batch)
-    static const bool off = getenv("DSPARK_DEVICE_MATMUL") && strcmp(getenv("DSPARK_DEVICE_MATMUL"), "ggml") == 0;
+    static const bool off = env_says_ggml("DSPARK_DEVICE_MATMUL");
     if (off) {
         return {};
     }

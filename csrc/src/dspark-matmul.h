@@ -41,7 +41,8 @@
 //           otherwise they keep ggml's matmul). On lavapipe group is 8 for every type probed.
 // mul_mat_id likewise: mul_mat_vec_id up to 8 tokens, the matmul shader beyond; groups of tokens.
 // Other non-CPU devices (CUDA, Metal, RPC) keep ggml's matmul for now: not probed.
-// DSPARK_DEVICE_MATMUL=ggml turns the device probe off (ggml's matmuls as they are).
+// DSPARK_DEVICE_MATMUL=ggml turns the device probe off (ggml's matmuls as they are), and
+// DSPARK_CPU_MATMUL=ggml the CPU's (every plan ggml, every layout ggml repacks used).
 #pragma once
 
 #include "ggml.h"
