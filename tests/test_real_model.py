@@ -179,7 +179,11 @@ def test_perplexity_and_kld_match_llama_cpps_figures(smollm2: Path, requantized,
     # F16 weights with an f32 cache: the same numbers up to float rounding
     assert ref.ppl == pytest.approx(LLAMA_CPP_2_CHUNKS["ppl_base"], rel=2e-4)
     q = kl_divergence(str(smollm2), base, text, n_threads=2)
-    # Q4_1 with the default f16 cache: the attention's rounding moves these by a few percent
-    assert q.ppl == pytest.approx(LLAMA_CPP_2_CHUNKS["ppl_q4_1"], rel=0.01)
-    assert q.kld_mean == pytest.approx(LLAMA_CPP_2_CHUNKS["kld_q4_1"], rel=0.1)
-    assert abs(q.same_top_p - LLAMA_CPP_2_CHUNKS["same_top_q4_1"]) < 0.02
+    # Q4_1 with the default f16 cache and our kernels (the matmuls ggml's, the attention node repeating
+    # the arithmetic of ggml's flash attention for 64 queries and more): the logits are llama.cpp's, so
+    # the perplexity and the same-top rate are its figures to the digits it prints (the node before
+    # gave 17.7737); the KL divergence is taken from our base, whose F16 logits are not bit for bit
+    # llama-perplexity's (0.06 % apart here; against llama.cpp's own base file it is 0.0031241 exactly)
+    assert q.ppl == pytest.approx(LLAMA_CPP_2_CHUNKS["ppl_q4_1"], abs=1e-6)
+    assert q.same_top_p == pytest.approx(LLAMA_CPP_2_CHUNKS["same_top_q4_1"], abs=5e-6)
+    assert q.kld_mean == pytest.approx(LLAMA_CPP_2_CHUNKS["kld_q4_1"], rel=0.01)

@@ -19,8 +19,7 @@
 
 namespace {
 
-constexpr int64_t BLOCK  = 64;  // cells per block: DSPARK_KV_ALIGN
-constexpr int64_t GROUP  = 8;   // cells scored at once (one AVX2 vector)
+constexpr int64_t BLOCK  = 64;  // cells per block: DSPARK_KV_ALIGN, and ggml's tile of cells
 constexpr int64_t TOKENS = 8;   // tokens per work item, with all the query heads of one KV head
 
 const ggml_fp16_t F16_NEG_INF = 0xFC00;
@@ -39,118 +38,243 @@ float unpack_scale(void * p) {
     return scale;
 }
 
-// Cells [c0, c0 + n) of one head of a [D, n_kv, Hkv] view as f32 rows of D; the rows after them up
-// to the next multiple of GROUP are zeros (scored, then masked out).
-void load_block(const ggml_tensor * t, int64_t head, int64_t c0, int64_t n, float * out) {
+// ---------------------------------------------------------------------------------------------
+// The arithmetic is that of ggml's CPU flash attention for batches of 64 queries and more (its
+// tiled path, ggml 0.25.3 ops.cpp), repeated here for every query, so that a prefill computes what
+// llama.cpp's does (same perplexity and KL divergence) while a decode step of one query still gets
+// the bits a prefill would: per 64-cell block, in this order,
+//   s[c]  = (Σ_d k_c[d]·q[d], fused multiply-adds in order d = 0..D-1) · scale + mask[c]
+//   M'    = max(M, max_c s[c]); on a new maximum o *= expf(M - M'), l *= expf(M - M')
+//   p[c]  = exp(s[c] - M') by ggml's vector exp, l += Σ p (vector sums added in double)
+//   o    += Σ_c p[c]·v_c (fused multiply-adds in order c = 0..63)
+// and at the end out = o · (1 / l). A block a query sees nothing of changes none of its sums.
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// 16 cells a vector, as ggml's build for this machine computes them
+using fvec = __m512;
+constexpr int64_t W = 16;
+inline fvec vzero() { return _mm512_setzero_ps(); }
+inline fvec vset1(float x) { return _mm512_set1_ps(x); }
+inline fvec vload(const float * p) { return _mm512_loadu_ps(p); }
+inline void vstore(float * p, fvec x) { _mm512_storeu_ps(p, x); }
+inline fvec vfma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
+inline fvec vfnma(fvec a, fvec b, fvec c) { return _mm512_fnmadd_ps(a, b, c); }
+inline fvec vmul(fvec a, fvec b) { return _mm512_mul_ps(a, b); }
+inline fvec vadd(fvec a, fvec b) { return _mm512_add_ps(a, b); }
+inline fvec vsub(fvec a, fvec b) { return _mm512_sub_ps(a, b); }
+inline fvec vmax(fvec a, fvec b) { return _mm512_max_ps(a, b); }
+inline float vmax_all(fvec x) { return _mm512_reduce_max_ps(x); }
+inline float vsum_all(fvec x) { return _mm512_reduce_add_ps(x); }  // the compiler's fixed tree, as ggml's
+
+// e^x: x·log2(e) rounded to n by the 1.5·2^23 shift, b = x - n·ln2 in two parts, a degree-5
+// polynomial in b, scaled by 2^n; |n| > 192 gives 0 or infinity
+inline fvec ggml_exp(fvec x) {
+    const fvec shift = vset1(0x1.8p23f);
+    const fvec n = vsub(vfma(x, vset1(0x1.715476p+0f), shift), shift);
+    const fvec b = vfnma(n, vset1(0x1.7f7d1cp-20f), vfnma(n, vset1(0x1.62e4p-1f), x));
+    const fvec b2 = vmul(b, b);
+    const fvec hi = vfma(vfma(vset1(0x1.0e4020p-7f), b, vset1(0x1.573e2ep-5f)), b2,
+                         vfma(vset1(0x1.555e66p-3f), b, vset1(0x1.fffdb6p-2f)));
+    const fvec poly = vfma(hi, b2, vfma(vset1(0x1.ffffecp-1f), b, vset1(1.0f)));
+    const fvec res = _mm512_scalef_ps(poly, n);
+    const __mmask16 out_of_range = _mm512_cmp_ps_mask(_mm512_abs_ps(n), vset1(192.0f), _CMP_GT_OQ);
+    if (!out_of_range) {
+        return res;
+    }
+    const fvec limit = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, vzero(), _CMP_LE_OQ), vset1(INFINITY), vzero());
+    return _mm512_mask_blend_ps(out_of_range, res, limit);
+}
+#else
+// 8 cells a vector (AVX2)
+using fvec = __m256;
+constexpr int64_t W = 8;
+inline fvec vzero() { return _mm256_setzero_ps(); }
+inline fvec vset1(float x) { return _mm256_set1_ps(x); }
+inline fvec vload(const float * p) { return _mm256_loadu_ps(p); }
+inline void vstore(float * p, fvec x) { _mm256_storeu_ps(p, x); }
+inline fvec vfma(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
+inline fvec vfnma(fvec a, fvec b, fvec c) { return _mm256_fnmadd_ps(a, b, c); }
+inline fvec vmul(fvec a, fvec b) { return _mm256_mul_ps(a, b); }
+inline fvec vadd(fvec a, fvec b) { return _mm256_add_ps(a, b); }
+inline fvec vsub(fvec a, fvec b) { return _mm256_sub_ps(a, b); }
+inline fvec vmax(fvec a, fvec b) { return _mm256_max_ps(a, b); }
+inline float vmax_all(fvec x) { return dspark_hmax8(x); }
+inline float vsum_all(fvec x) {  // ggml's order: halves, then pairs, then the last two
+    __m128 s = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// e^x as ggml's AVX2 build computes it: the same reduction and polynomial, 2^n applied through
+// the exponent bits, with a two-step scaling where |n| > 126 and 0 or infinity past 192
+inline fvec ggml_exp(fvec x) {
+    const fvec shift = vset1(0x1.8p23f);
+    const fvec z = vfma(x, vset1(0x1.715476p+0f), shift);
+    const fvec n = vsub(z, shift);
+    const fvec b = vfnma(n, vset1(0x1.7f7d1cp-20f), vfnma(n, vset1(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const fvec k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(vset1(1.0f))));
+    const fvec abs_n = _mm256_andnot_ps(vset1(-0.0f), n);
+    const fvec big = _mm256_cmp_ps(abs_n, vset1(126.0f), _CMP_GT_OQ);
+    const fvec b2 = vmul(b, b);
+    const fvec poly = vfma(vfma(vfma(vset1(0x1.0e4020p-7f), b, vset1(0x1.573e2ep-5f)), b2,
+                                vfma(vset1(0x1.555e66p-3f), b, vset1(0x1.fffdb6p-2f))),
+                           b2, vmul(vset1(0x1.ffffecp-1f), b));  // e^b - 1
+    if (!_mm256_movemask_ps(big)) {
+        return vfma(poly, k, k);
+    }
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, vzero(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32((int) 0x82000000u));
+    const fvec s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const fvec s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const fvec huge = _mm256_cmp_ps(abs_n, vset1(192.0f), _CMP_GT_OQ);
+    const fvec scaled = _mm256_blendv_ps(vfma(k, poly, k), vmul(vfma(s2, poly, s2), s1), big);
+    return _mm256_blendv_ps(scaled, vmul(s1, s1), huge);
+}
+#endif
+
+constexpr int64_t VECS = BLOCK / W;  // vectors of cells per block
+
+// Values d0..d0+7 of cell c of one head of a [D, n_kv, Hkv] view (F16 or F32) as f32 (exact).
+inline __m256 load8(const ggml_tensor * t, int64_t head, int64_t c, int64_t d0) {
+    const char * src = (const char *) t->data + c * t->nb[1] + head * t->nb[2];
+    if (t->type == GGML_TYPE_F16) {
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) ((const ggml_fp16_t *) src + d0)));
+    }
+    return _mm256_loadu_ps((const float *) src + d0);
+}
+
+// The values of cells [c0, c0 + n) as rows of D (row c at c·D); rows n..BLOCK-1 zeros.
+void load_values(const ggml_tensor * t, int64_t head, int64_t c0, int64_t n, float * out) {
     const int64_t D = t->ne[0];
-    const int64_t padded = (n + GROUP - 1) / GROUP * GROUP;
-    for (int64_t c = 0; c < padded; ++c) {
-        float * dst = out + c * D;
-        if (c >= n) {
-            memset(dst, 0, sizeof(float) * D);
-            continue;
+    for (int64_t c = 0; c < n; ++c) {
+        for (int64_t d0 = 0; d0 < D; d0 += 8) {
+            _mm256_storeu_ps(out + c * D + d0, load8(t, head, c0 + c, d0));
         }
-        const char * src = (const char *) t->data + (c0 + c) * t->nb[1] + head * t->nb[2];
-        if (t->type == GGML_TYPE_F16) {
-            const ggml_fp16_t * x = (const ggml_fp16_t *) src;
-            for (int64_t d = 0; d < D; d += 8) {
-                _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (x + d))));
+    }
+    memset(out + n * D, 0, sizeof(float) * (BLOCK - n) * D);
+}
+
+// r[i] (row i of an 8x8 tile) becomes column i.
+inline void transpose8(__m256 r[8]) {
+    __m256 a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+        a[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        a[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        b[i] = _mm256_shuffle_ps(a[i], a[i + 2], 0x44);
+        b[i + 1] = _mm256_shuffle_ps(a[i], a[i + 2], 0xEE);
+        b[i + 2] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+        b[i + 3] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(b[i], b[i + 4], 0x31);
+    }
+}
+
+// The keys of cells [c0, c0 + n) transposed (value d of cell c at d·BLOCK + c), so that a vector
+// holds one dimension of consecutive cells; cells n..BLOCK-1 zeros.
+void load_keys_transposed(const ggml_tensor * t, int64_t head, int64_t c0, int64_t n, float * out) {
+    const int64_t D = t->ne[0];
+    for (int64_t c = 0; c < BLOCK; c += 8) {
+        for (int64_t d0 = 0; d0 < D; d0 += 8) {
+            __m256 r[8];
+            for (int64_t i = 0; i < 8; ++i) {
+                r[i] = c + i < n ? load8(t, head, c0 + c + i, d0) : _mm256_setzero_ps();
             }
-        } else {
-            memcpy(dst, src, sizeof(float) * D);
+            transpose8(r);
+            for (int64_t j = 0; j < 8; ++j) {
+                _mm256_storeu_ps(out + (d0 + j) * BLOCK + c, r[j]);
+            }
         }
     }
 }
 
-// q · k_j for the 8 rows k_0 .. k_7 (consecutive, D floats each), in one vector; a fixed tree.
-inline __m256 dot8(const float * q, const float * k, int64_t D) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int64_t d = 0; d < D; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 0 * D + d), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 1 * D + d), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * D + d), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * D + d), a3);
-        a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 4 * D + d), a4);
-        a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 5 * D + d), a5);
-        a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 6 * D + d), a6);
-        a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 7 * D + d), a7);
-    }
-    const __m256 h0123 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));  // halves of 4 sums
-    const __m256 h4567 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-    return _mm256_add_ps(_mm256_permute2f128_ps(h0123, h4567, 0x20), _mm256_permute2f128_ps(h0123, h4567, 0x31));
-}
-
-// The mask of cells [c, c + 8) of a row as f32, cells at or past n hidden (-inf).
-inline __m256 mask8(const ggml_fp16_t * mrow, int64_t c, int64_t n) {
-    ggml_fp16_t m[GROUP];
-    for (int64_t j = 0; j < GROUP; ++j) {
-        m[j] = c + j >= n ? F16_NEG_INF : mrow ? mrow[c + j] : 0;
-    }
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) m));
-}
-
-// o = alpha · o + sum_c p[c] · v_c, 64 values of o at a time held in registers across the cells.
-inline void accumulate_values(const float * p, const float * v, int64_t nc, int64_t D, float alpha, float * o) {
-    const __m256 va = _mm256_set1_ps(alpha);
-    for (int64_t d0 = 0; d0 < D; d0 += 64) {
-        const int64_t nd = std::min<int64_t>(64, D - d0) / 8;  // vectors in this slice (D % 8 == 0)
-        __m256 acc[8];
-        for (int64_t j = 0; j < nd; ++j) {
-            acc[j] = _mm256_mul_ps(_mm256_loadu_ps(o + d0 + 8 * j), va);
-        }
-        for (int64_t c = 0; c < nc; ++c) {
-            if (p[c] == 0.0f) {
-                continue;  // a hidden cell: adding its zero would change nothing
-            }
-            const __m256 pc = _mm256_set1_ps(p[c]);
-            const float * vc = v + c * D + d0;
-            for (int64_t j = 0; j < nd; ++j) {
-                acc[j] = _mm256_fmadd_ps(pc, _mm256_loadu_ps(vc + 8 * j), acc[j]);
-            }
-        }
-        for (int64_t j = 0; j < nd; ++j) {
-            _mm256_storeu_ps(o + d0 + 8 * j, acc[j]);
-        }
+// The mask of a token over the block's cells as f32, cells at or past n hidden (-inf).
+void load_mask(const ggml_fp16_t * mrow, int64_t n, float * out) {
+    for (int64_t c = 0; c < BLOCK; ++c) {
+        out[c] = c >= n ? -INFINITY : mrow ? _cvtsh_ss(mrow[c]) : 0.0f;
     }
 }
 
 struct work_buffers {
-    std::vector<float> k, v, s, o, m, l;
+    std::vector<float> k, v, p, o, m, l;
     std::vector<float> mask;  // one token's mask over the block, shared by the heads of the group
 };
 
-// Fold one block into query row r's running softmax: scores, weights, the weighted sum of values.
-void fold_row(const float * qv, int64_t nc, int64_t D, float scale, work_buffers & w, int64_t r) {
-    const int64_t ng = (nc + GROUP - 1) / GROUP;
-    float * s = w.s.data();
-    const __m256 vscale = _mm256_set1_ps(scale);
-    float bm = -INFINITY;
-    for (int64_t g = 0; g < ng; ++g) {
-        const __m256 mv = _mm256_loadu_ps(w.mask.data() + g * GROUP);
-        const __m256 sv = _mm256_add_ps(_mm256_mul_ps(dot8(qv, w.k.data() + g * GROUP * D, D), vscale), mv);
-        _mm256_storeu_ps(s + g * GROUP, sv);
+// s = q·k_c · scale + mask for the BLOCK cells, into p; returns the largest.
+float block_scores(const float * q, const float * kt, int64_t D, float scale, const float * mask, float * p) {
+    fvec acc[VECS];
+    for (int64_t i = 0; i < VECS; ++i) {
+        acc[i] = vzero();
     }
-    for (int64_t c = 0; c < ng * GROUP; ++c) {
-        bm = std::max(bm, s[c]);
+    for (int64_t d = 0; d < D; ++d) {
+        const fvec qd = vset1(q[d]);
+        for (int64_t i = 0; i < VECS; ++i) {
+            acc[i] = vfma(vload(kt + d * BLOCK + i * W), qd, acc[i]);
+        }
     }
-    if (bm == -INFINITY) {
+    fvec top = vset1(-INFINITY);
+    for (int64_t i = 0; i < VECS; ++i) {
+        const fvec s = vadd(vmul(acc[i], vset1(scale)), vload(mask + i * W));
+        vstore(p + i * W, s);
+        top = vmax(top, s);
+    }
+    return vmax_all(top);
+}
+
+// o += Σ_c p[c]·v_c over the first nc cells (the rest have p = 0), D values of o at a time in
+// registers, 8 vectors per pass.
+void accumulate_values(const float * p, const float * v, int64_t nc, int64_t D, float * o) {
+    constexpr int64_t PASS = 8 * W;
+    for (int64_t d0 = 0; d0 < D; d0 += PASS) {
+        const int64_t nv = std::min<int64_t>(PASS, D - d0) / W;
+        fvec acc[8];
+        for (int64_t j = 0; j < nv; ++j) {
+            acc[j] = vload(o + d0 + j * W);
+        }
+        for (int64_t c = 0; c < nc; ++c) {
+            const fvec pc = vset1(p[c]);
+            for (int64_t j = 0; j < nv; ++j) {
+                acc[j] = vfma(vload(v + c * D + d0 + j * W), pc, acc[j]);
+            }
+        }
+        for (int64_t j = 0; j < nv; ++j) {
+            vstore(o + d0 + j * W, acc[j]);
+        }
+    }
+}
+
+// Fold one block into query row r's running softmax.
+void fold_row(const float * q, int64_t nc, int64_t D, float scale, work_buffers & w, int64_t r) {
+    float * p = w.p.data();
+    const float top = block_scores(q, w.k.data(), D, scale, w.mask.data(), p);
+    if (top == -INFINITY) {
         return;  // nothing of this block is visible to the query
     }
     float & m = w.m[r];
-    const float m_new = std::max(m, bm);
-    const float alpha = m == -INFINITY ? 0.0f : std::exp(m - m_new);
-    const __m256 mv_new = _mm256_set1_ps(m_new), neg_inf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
-    __m256 acc = zero;
-    for (int64_t g = 0; g < ng; ++g) {
-        const __m256 x = _mm256_loadu_ps(s + g * GROUP);
-        const __m256 p = _mm256_blendv_ps(dspark_exp8(_mm256_sub_ps(x, mv_new)), zero, _mm256_cmp_ps(x, neg_inf, _CMP_EQ_OQ));
-        _mm256_storeu_ps(s + g * GROUP, p);
-        acc = _mm256_add_ps(acc, p);
+    float & l = w.l[r];
+    float * o = w.o.data() + r * D;
+    const float m_new = std::max(m, top);
+    if (m_new > m) {
+        const float shrink = expf(m - m_new);
+        for (int64_t d = 0; d < D; ++d) {
+            o[d] *= shrink;
+        }
+        l *= shrink;
     }
-    accumulate_values(s, w.v.data(), nc, D, alpha, w.o.data() + r * D);
-    w.l[r] = w.l[r] * alpha + dspark_hsum8(acc);
     m = m_new;
+    double sum = 0.0;
+    for (int64_t i = 0; i < VECS; ++i) {
+        const fvec e = ggml_exp(vsub(vload(p + i * W), vset1(m_new)));
+        vstore(p + i * W, e);
+        sum += (double) vsum_all(e);
+    }
+    l = (float) ((double) l + sum);
+    accumulate_values(p, w.v.data(), nc, D, o);
 }
 
 // The queries of tokens [t0, t1) over KV head hkv, block by block.
@@ -163,7 +287,7 @@ void attend(ggml_tensor * dst, int64_t hkv, int64_t t0, int64_t t1, float scale,
     const int64_t R = (t1 - t0) * G;  // query rows: token-major, then the heads of the group
     w.k.resize((size_t) (BLOCK * D));
     w.v.resize((size_t) (BLOCK * D));
-    w.s.resize((size_t) BLOCK);
+    w.p.resize((size_t) BLOCK);
     w.mask.resize((size_t) BLOCK);
     w.o.assign((size_t) (R * D), 0.0f);
     w.m.assign((size_t) R, -INFINITY);
@@ -181,13 +305,11 @@ void attend(ggml_tensor * dst, int64_t hkv, int64_t t0, int64_t t1, float scale,
                 continue;  // a block this token sees nothing of changes none of its sums
             }
             if (!loaded) {
-                load_block(k, hkv, c0, nc, w.k.data());
-                load_block(v, hkv, c0, nc, w.v.data());
+                load_keys_transposed(k, hkv, c0, nc, w.k.data());
+                load_values(v, hkv, c0, nc, w.v.data());
                 loaded = true;
             }
-            for (int64_t g = 0; g < nc; g += GROUP) {
-                _mm256_storeu_ps(w.mask.data() + g, mask8(mrow ? mrow + c0 : nullptr, g, nc));
-            }
+            load_mask(mrow ? mrow + c0 : nullptr, nc, w.mask.data());
             for (int64_t g = 0; g < G; ++g) {
                 const float * qv = (const float *) ((const char *) q->data + t * q->nb[2] + (hkv * G + g) * q->nb[1]);
                 fold_row(qv, nc, D, scale, w, (t - t0) * G + g);
@@ -198,7 +320,7 @@ void attend(ggml_tensor * dst, int64_t hkv, int64_t t0, int64_t t1, float scale,
         for (int64_t g = 0; g < G; ++g) {
             const int64_t r = (t - t0) * G + g;
             float * out = (float *) ((char *) dst->data + t * dst->nb[2] + (hkv * G + g) * dst->nb[1]);
-            const float inv = w.l[r] > 0.0f ? 1.0f / w.l[r] : 0.0f;  // a query that sees no cell: zeros
+            const float inv = w.l[r] == 0.0f ? 0.0f : 1.0f / w.l[r];  // a query that sees no cell: zeros
             for (int64_t d = 0; d < D; ++d) {
                 out[d] = w.o[(size_t) (r * D + d)] * inv;
             }
@@ -229,7 +351,7 @@ bool dspark_attention_cpu_available() {
 }
 
 bool dspark_attention_cpu_supports(const ggml_tensor * k, const ggml_tensor * v, const ggml_tensor * mask) {
-    return cache_type_ok(k) && cache_type_ok(v) && k->ne[0] % GROUP == 0 && v->ne[0] == k->ne[0] &&
+    return cache_type_ok(k) && cache_type_ok(v) && k->ne[0] % W == 0 && v->ne[0] == k->ne[0] &&
            (!mask || mask->type == GGML_TYPE_F16);
 }
 

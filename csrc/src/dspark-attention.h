@@ -1,17 +1,18 @@
 // Attention on the CPU as one graph node: softmax(scale · q·kᵀ + mask) · v over a KV cache in host
 // memory, for any number of queries (x86 with AVX2, FMA and F16C; elsewhere ggml's flash attention).
 //
-// Why not ggml's CPU flash attention: it runs each query on its own with one scalar exp per cell,
-// converting every K and V value from f16 for each of them; a verify batch of 9 queries then costs
-// 9 times one decode per cell, over half of a demo-pair verify at 400 cells of context. Here the
-// cells of a KV head are converted once per block of 64 for all the queries that read the head,
-// scored 8 at a time, and their weights taken with a vectorised exp.
+// Why not ggml's CPU flash attention: it has two kernels and picks by the batch. From 64 queries
+// on, a tiled one (f32 throughout, 64 cells at a time); below, one that takes each query alone, with
+// q rounded to f16 and one scalar exp per cell. So ggml's decode step does not compute what its
+// prefill computes, and a 9-query verify converts every K and V value from f16 once per query.
 //
-// Each query is still computed alone and in a fixed order (cells in groups of 8 inside blocks
-// aligned to multiples of 64, where the KV cache starts a sequence's cells; sums in a fixed tree),
-// so a query's result does not depend on the other queries of its batch, on the cells of other
-// sequences, nor on how threads share the work: decode and verify agree bit for bit, as greedy
-// losslessness needs.
+// This node repeats the tiled kernel's arithmetic for every query (see dspark-attention.cpp): a
+// prefill gives ggml's bits (llama.cpp's perplexity and KL divergence, exactly), and a decode step or
+// a verify gives the same bits for its rows. The cells of a KV head are converted once per block of
+// 64 for all the queries that read it. Each query is computed alone and in a fixed order (blocks
+// aligned to multiples of 64, where the KV cache starts a sequence's cells), so its result depends
+// neither on the other queries of its batch, nor on the cells of other sequences, nor on how threads
+// share the work: decode and verify agree bit for bit, as greedy losslessness needs.
 #pragma once
 
 #include "ggml.h"
