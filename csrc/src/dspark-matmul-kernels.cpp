@@ -515,9 +515,16 @@ void dspark_own_dot_prepare(ggml_type type, const float * x, int64_t K, void * p
 #endif
     switch (type) {
         case GGML_TYPE_F16: {
-            // ggml multiplies f16 weights by the column rounded to f16
+            // ggml multiplies f16 weights by the column rounded to f16 (to nearest, even on ties)
             float * out = (float *) prepared;
-            for (int64_t i = 0; i < K; ++i) {
+            int64_t i = 0;
+#if defined(__F16C__)
+            for (; i + 8 <= K; i += 8) {
+                const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+            }
+#endif
+            for (; i < K; ++i) {
                 out[i] = ggml_fp16_to_fp32(ggml_fp32_to_fp16(x[i]));
             }
             break;
