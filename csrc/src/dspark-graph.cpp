@@ -39,9 +39,18 @@ ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * s
     const int64_t n = x->ne[1];
     const bool plain_2d = x->ne[2] == 1 && x->ne[3] == 1 && ggml_n_dims(w) <= 2;
     const dspark_mm_plan plan = plain_2d ? dspark_matmul_plan_of(w) : dspark_mm_plan{};
+    if (!plain_2d && ggml_n_dims(w) <= 2 && dspark_matmul_plan_of(w).route == dspark_mm_route::quads) {
+        // a repacked weight computes any batch exactly only through its plan: as one 2-D batch
+        ggml_tensor * x2 = ggml_reshape_2d(ctx, ggml_cont(ctx, x), x->ne[0], ggml_nelements(x) / x->ne[0]);
+        ggml_tensor * y2 = dspark_matmul_quads(ctx, w, x2);
+        ggml_tensor * y = ggml_reshape_4d(ctx, y2, w->ne[1], x->ne[1], x->ne[2], x->ne[3]);
+        return scale ? ggml_mul(ctx, y, scale) : y;
+    }
     ggml_tensor * y;
     if (plan.route == dspark_mm_route::groups) {
         y = dspark_matmul_groups(ctx, w, x, plan);  // a device: batches split into groups it computes exactly
+    } else if (plan.route == dspark_mm_route::quads) {
+        y = dspark_matmul_quads(ctx, w, x);  // repacked: ggml's gemm on fours, ours on the rest
     } else if (plan.route == dspark_mm_route::rows || (plan.route == dspark_mm_route::own && n < plan.own_below)) {
         y = dspark_matmul_node(ctx, w, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), plan.route);
     } else if (pad_odd_columns && n > 1 && n % 2 == 1 && plain_2d && ggml_is_contiguous(x) &&

@@ -452,6 +452,105 @@ void kquant_rows_simd(const char * rows, size_t row_stride, int64_t K, int64_t n
     }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// q4_K in ggml's repacked layout (block_q4_Kx8: eight rows interleaved). Its gemm, which takes the
+// columns four at a time, computes for each row, column and 64 values (sub-blocks 2s and 2s+1 of
+// a block) two exact integers - I = Σ scale·(codes·column), m = Σ min·(sum of the column) - and
+// then, in floats,
+//     acc += I · (d·d_column),   accm += m · (dmin·d_column)   (fused),   out = acc - accm,
+// on a column quantized to q8_K with its own sign rule (the block's largest magnitude counts as
+// positive when it occurs as a positive value). Its gemv, for the columns left over, goes block by
+// block instead, so the kernel here repeats the gemm's steps for a single column.
+
+struct q4kx8_block {
+    ggml_fp16_t d[8], dmin[8];
+    uint8_t     scales[96];  // sub-block j: 12 bytes, the eight rows' scales and mins packed as in q4_K
+    uint8_t     qs[1024];    // 8-byte runs: run k holds bytes 8(k/8) .. 8(k/8)+7 of row k % 8
+};
+static_assert(sizeof(q4kx8_block) == 1152, "q4_Kx8 layout");
+
+// The 6-bit scales and mins of one sub-block for the eight rows: int16 [scale r, min r] pairs
+// spread as the callers need them.
+inline __m128i k4_scales_mins_bytes(const uint8_t * q) {  // bytes [scale 0..7, min 0..7]
+    uint32_t u[3];
+    memcpy(u, q, sizeof(u));
+    const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x03030303;
+    return _mm_setr_epi32((int) (u[0] & low6), (int) ((u[2] & low4) | (((u[0] >> 6) & top2) << 4)),
+                          (int) (u[1] & low6), (int) (((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4)));
+}
+
+// The column as the gemm's quantizer makes it: per block, d = 1/iscale with iscale = ∓127/amax
+// (minus when amax occurs as a positive value), values rounded to nearest even, sums of 16.
+void q8k_quads_prepare(const float * x, int64_t nb, q8k_block * out) {
+    for (int64_t b = 0; b < nb; ++b) {
+        const float * v = x + 256 * b;
+        __m512 amax = _mm512_setzero_ps();
+        for (int i = 0; i < 256; i += 16) {
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(v + i)));
+        }
+        const float m = _mm512_reduce_max_ps(amax);
+        bool positive = false;
+        for (int i = 0; i < 256 && !positive; i += 16) {
+            positive = _mm512_cmp_ps_mask(_mm512_loadu_ps(v + i), _mm512_set1_ps(m), _CMP_EQ_OQ) != 0;
+        }
+        const float iscale = m != 0.0f ? (positive ? -127.0f / m : 127.0f / m) : 0.0f;
+        out[b].d = m != 0.0f ? 1.0f / iscale : 0.0f;
+        for (int i = 0; i < 256; i += 16) {
+            const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(v + i), _mm512_set1_ps(iscale)),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            const __m512i q = _mm512_cvtps_epi32(r);
+            _mm_storeu_si128((__m128i *) (out[b].qs + i), _mm512_cvtsepi32_epi8(q));
+            out[b].bsums[i / 16] = (int16_t) _mm512_reduce_add_epi32(q);
+        }
+    }
+}
+
+// y[r] for rows [r0, r0 + n) (multiples of 8) of a repacked q4_K weight of nb blocks per row.
+void q4kx8_rows(const q4kx8_block * w, int64_t nb, int64_t r0, int64_t n, const q8k_block * x, float * y) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    // int16 lanes of a [scale r, 0] pair per int32 lane 2r and 2r+1, from int16 [scale 0..7, min 0..7]
+    alignas(64) static const int16_t SPREAD[32] = {0,0,0,0, 1,0,1,0, 2,0,2,0, 3,0,3,0, 4,0,4,0, 5,0,5,0, 6,0,6,0, 7,0,7,0};
+    const __m512i spread_scales = _mm512_load_si512(SPREAD);
+    for (int64_t g = r0 / 8; g < (r0 + n) / 8; ++g) {
+        const q4kx8_block * blocks = w + g * nb;
+        __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            const q4kx8_block & B = blocks[b];
+            const q8k_block & a = x[b];
+            const __m256 dd = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) B.d)), _mm256_set1_ps(a.d));
+            const __m256 ddm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) B.dmin)), _mm256_set1_ps(a.d));
+            for (int sb = 0; sb < 4; ++sb) {
+                __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();  // int32 lanes 2r, 2r+1: row r
+                for (int t = 0; t < 4; ++t) {
+                    const __m512i q = _mm512_loadu_si512(B.qs + 64 * (4 * sb + t));
+                    int64_t a_lo, a_hi;
+                    memcpy(&a_lo, a.qs + 64 * sb + 8 * t, 8);
+                    memcpy(&a_hi, a.qs + 64 * sb + 32 + 8 * t, 8);
+                    lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(q, low4), _mm512_set1_epi64(a_lo));
+                    hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(q, 4), low4), _mm512_set1_epi64(a_hi));
+                }
+                // each lane sums 16 products (|.| < 2^15): its low int16 times [scale, 0] is exact
+                const __m256i sm_lo = _mm256_cvtepu8_epi16(k4_scales_mins_bytes(B.scales + 12 * (2 * sb)));
+                const __m256i sm_hi = _mm256_cvtepu8_epi16(k4_scales_mins_bytes(B.scales + 12 * (2 * sb + 1)));
+                const __mmask32 even = 0x55555555u;
+                const __m512i s_lo = _mm512_maskz_permutexvar_epi16(even, spread_scales, _mm512_castsi256_si512(sm_lo));
+                const __m512i s_hi = _mm512_maskz_permutexvar_epi16(even, spread_scales, _mm512_castsi256_si512(sm_hi));
+                const __m512i p = _mm512_dpwssd_epi32(_mm512_madd_epi16(lo, s_lo), hi, s_hi);
+                const __m256i I = _mm512_cvtepi64_epi32(_mm512_add_epi64(p, _mm512_srli_epi64(p, 32)));  // lanes 2r + 2r+1
+                // mins: [min of 2s, min of 2s+1] per row against the column's sums of those sub-blocks
+                const __m128i m_lo = _mm256_extracti128_si256(sm_lo, 1), m_hi = _mm256_extracti128_si256(sm_hi, 1);
+                const __m256i m_pairs = _mm256_set_m128i(_mm_unpackhi_epi16(m_lo, m_hi), _mm_unpacklo_epi16(m_lo, m_hi));
+                const int bs_lo = a.bsums[4 * sb] + a.bsums[4 * sb + 1], bs_hi = a.bsums[4 * sb + 2] + a.bsums[4 * sb + 3];
+                const __m256i mins = _mm256_madd_epi16(m_pairs, _mm256_set1_epi32((int) ((uint32_t) (uint16_t) bs_lo | ((uint32_t) (uint16_t) bs_hi << 16))));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), dd, acc);
+                accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mins), ddm, accm);
+            }
+        }
+        _mm256_storeu_ps(y + g * 8 - r0, _mm256_sub_ps(acc, accm));
+    }
+}
+
 #endif  // AVX-512 VNNI
 
 bool is_kquant(ggml_type t) {
@@ -581,5 +680,38 @@ void dspark_own_dot_rows(ggml_type type, const char * rows, size_t row_stride, i
         default:
             break;
     }
+#endif
+}
+
+bool dspark_own_dot_x8_available(ggml_type type, int64_t K) {
+#ifdef DSPARK_KQUANT_SIMD
+    return type == GGML_TYPE_Q4_K && K % 256 == 0;
+#else
+    (void) type; (void) K;
+    return false;
+#endif
+}
+
+size_t dspark_own_dot_x8_prepared_size(ggml_type type, int64_t K) {
+    (void) type;
+    return sizeof(q8k_block) * (size_t) (K / 256);
+}
+
+void dspark_own_dot_x8_prepare(ggml_type type, const float * x, int64_t K, void * prepared) {
+    (void) type;
+#ifdef DSPARK_KQUANT_SIMD
+    q8k_quads_prepare(x, K / 256, (q8k_block *) prepared);
+#else
+    (void) x; (void) K; (void) prepared;
+#endif
+}
+
+void dspark_own_dot_x8_rows(ggml_type type, const void * data, int64_t K, int64_t r0, int64_t n_rows,
+                            const void * prepared, float * y) {
+    (void) type;
+#ifdef DSPARK_KQUANT_SIMD
+    q4kx8_rows((const q4kx8_block *) data, K / 256, r0, n_rows, (const q8k_block *) prepared, y);
+#else
+    (void) data; (void) K; (void) r0; (void) n_rows; (void) prepared; (void) y;
 #endif
 }

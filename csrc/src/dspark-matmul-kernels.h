@@ -27,3 +27,14 @@ void dspark_own_dot_prepare(ggml_type type, const float * x, int64_t K, void * p
 // y[r] = row r of w · the prepared column, for n_rows rows at `rows` (row_stride bytes apart).
 void dspark_own_dot_rows(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
                          const void * prepared, float * y);
+
+// The same for weights in ggml's repacked 8-row layout (q4_K as block_q4_Kx8), reproducing ggml's
+// gemm for that layout (the kernel its matmul uses on groups of four columns) one column at a time.
+bool dspark_own_dot_x8_available(ggml_type type, int64_t K);
+size_t dspark_own_dot_x8_prepared_size(ggml_type type, int64_t K);
+void dspark_own_dot_x8_prepare(ggml_type type, const float * x, int64_t K, void * prepared);
+
+// y[i] = row r0 + i of the repacked weight at `data` · the prepared column, for i < n_rows (r0 and
+// n_rows multiples of 8).
+void dspark_own_dot_x8_rows(ggml_type type, const void * data, int64_t K, int64_t r0, int64_t n_rows,
+                            const void * prepared, float * y);

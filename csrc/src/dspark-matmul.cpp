@@ -148,6 +148,47 @@ ggml_tensor * dspark_matmul_id_rows(ggml_context * ctx, ggml_tensor * as, ggml_t
                           GGML_N_TASKS_MAX, nullptr);
 }
 
+// The columns left over after ggml's gemm took the groups of four, through our kernel for the
+// repacked layout. The weight travels in userdata, not as a source: ggml's CPU backend takes an op
+// reading a repacked tensor only if the repack buffer type claims it (matmuls only).
+static void quads_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const ggml_tensor * w = (const ggml_tensor *) userdata;
+    const ggml_tensor * x = dst->src[0];
+    const int64_t K = w->ne[0], M = w->ne[1], N = x->ne[1];
+    const size_t bytes = dspark_own_dot_x8_prepared_size(w->type, K);
+    static thread_local std::vector<uint8_t> prepared;
+    prepared.resize(bytes * N);
+    for (int64_t c = 0; c < N; ++c) {  // each thread prepares every column (at most three)
+        dspark_own_dot_x8_prepare(w->type, (const float *) ((const char *) x->data + c * x->nb[1]), K, prepared.data() + c * bytes);
+    }
+    const int64_t n_groups = M / 8;  // contiguous shares of 8-row groups
+    const int64_t g0 = n_groups * ith / nth, g1 = n_groups * (ith + 1) / nth;
+    if (g1 > g0) {
+        for (int64_t c = 0; c < N; ++c) {
+            dspark_own_dot_x8_rows(w->type, w->data, K, 8 * g0, 8 * (g1 - g0), prepared.data() + c * bytes,
+                                   (float *) ((char *) dst->data + c * dst->nb[1]) + 8 * g0);
+        }
+    }
+}
+
+ggml_tensor * dspark_matmul_quads(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x) {
+    GGML_ASSERT(x->type == GGML_TYPE_F32 && x->ne[2] == 1 && x->ne[3] == 1 && ggml_n_dims(w) <= 2 && w->ne[1] % 8 == 0);
+    x = ggml_is_contiguous(x) ? x : ggml_cont(ctx, x);
+    const int64_t K = x->ne[0], N = x->ne[1], N4 = N - N % 4;
+    ggml_tensor * y = nullptr;
+    if (N4 > 0) {
+        y = ggml_mul_mat(ctx, w, N4 == N ? x : ggml_view_2d(ctx, x, K, N4, x->nb[1], 0));
+    }
+    if (N4 < N) {
+        ggml_tensor * rest = ggml_view_2d(ctx, x, K, N - N4, x->nb[1], N4 * x->nb[1]);
+        ggml_tensor * args[1] = {rest};
+        ggml_tensor * z = ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], N - N4, 1, 1, args, 1, quads_task,
+                                         GGML_N_TASKS_MAX, (void *) w);
+        y = y ? ggml_concat(ctx, y, z, 1) : z;
+    }
+    return y;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The probe: how does ggml compute this weight at each column count?
 
@@ -183,18 +224,26 @@ struct probe_run {
     std::vector<uint8_t>       weight;  // M rows of the type, quantized from random values
     std::vector<float>         x;       // MAX_COLS random columns
 
-    // ggml: W · columns [first, first + n) (cyclically) in one batch; column c of the result is
-    // stored at index (first + c) % MAX_COLS of `out`
-    void ggml_batch(int64_t first, int64_t n, columns & out) const {
+    // the weight in a buffer of the probed type (converted on upload for a repacked one)
+    ggml_tensor * upload(ggml_context *& wctx, ggml_backend_buffer_t & wbuf) const {
         ggml_init_params wp = { ggml_tensor_overhead(), nullptr, true };
-        ggml_context * wctx = ggml_init(wp);
+        wctx = ggml_init(wp);
         ggml_tensor * W = ggml_new_tensor_2d(wctx, type, K, M);
         // the allocator rounds each tensor up to the buffer type's alignment: so must the buffer
         const size_t size = GGML_PAD(ggml_backend_buft_get_alloc_size(buft, W), ggml_backend_buft_get_alignment(buft));
-        ggml_backend_buffer_t wbuf = ggml_backend_buft_alloc_buffer(buft, size);
+        wbuf = ggml_backend_buft_alloc_buffer(buft, size);
         ggml_tallocr ta = ggml_tallocr_new(wbuf);
         ggml_tallocr_alloc(&ta, W);
         ggml_backend_tensor_set(W, weight.data(), 0, weight.size());
+        return W;
+    }
+
+    // ggml: W · columns [first, first + n) (cyclically) in one batch; column c of the result is
+    // stored at index (first + c) % MAX_COLS of `out`
+    void ggml_batch(int64_t first, int64_t n, columns & out) const {
+        ggml_context * wctx;
+        ggml_backend_buffer_t wbuf;
+        ggml_tensor * W = upload(wctx, wbuf);
 
         ggml_init_params gp = { 4 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
         ggml_context * gctx = ggml_init(gp);
@@ -217,6 +266,23 @@ struct probe_run {
         ggml_free(gctx);
         ggml_backend_buffer_free(wbuf);
         ggml_free(wctx);
+    }
+
+    // our kernel for the repacked layout on every column (the weight repacked by ggml's upload)
+    columns own_x8() const {
+        ggml_context * wctx;
+        ggml_backend_buffer_t wbuf;
+        ggml_tensor * W = upload(wctx, wbuf);
+        columns out((size_t) MAX_COLS);
+        std::vector<uint8_t> prepared(dspark_own_dot_x8_prepared_size(type, K));
+        for (int64_t c = 0; c < MAX_COLS; ++c) {
+            dspark_own_dot_x8_prepare(type, x.data() + c * K, K, prepared.data());
+            out[(size_t) c].resize((size_t) M);
+            dspark_own_dot_x8_rows(type, W->data, K, 0, M, prepared.data(), out[(size_t) c].data());
+        }
+        ggml_backend_buffer_free(wbuf);
+        ggml_free(wctx);
+        return out;
     }
 
     // our single-column kernel on every column
@@ -258,6 +324,24 @@ int64_t agrees_from(const probe_run & run, const columns & reference) {
     return from;
 }
 
+// Does every probed batch of a multiple of four columns give `reference`'s bits?
+bool agrees_in_fours(const probe_run & run, const columns & reference) {
+    columns got((size_t) MAX_COLS);
+    for (int64_t n : PROBE_COLS) {
+        if (n % 4 != 0) {
+            continue;
+        }
+        run.ggml_batch(n, n, got);
+        for (int64_t c = 0; c < n; ++c) {
+            const size_t i = (size_t) ((n + c) % MAX_COLS);
+            if (!same_bits(got[i], reference[i])) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 dspark_mm_plan probe(ggml_backend_buffer_type_t buft, ggml_type type, int64_t K, int64_t M) {
     ggml_backend_t backend = dspark_backend_init(dspark_device_cpu());
     dspark_backend_set_threads(backend, 1);
@@ -291,6 +375,8 @@ dspark_mm_plan probe(ggml_backend_buffer_type_t buft, ggml_type type, int64_t K,
             plan.route = dspark_mm_route::own;
             plan.own_below = from;
         }
+    } else if (!plain && M % 8 == 0 && dspark_own_dot_x8_available(type, K) && agrees_in_fours(run, run.own_x8())) {
+        plan.route = dspark_mm_route::quads;
     }
     ggml_backend_free(backend);
     return plan;
@@ -590,7 +676,8 @@ size_t dspark_matmul_extra_nodes(const std::vector<ggml_backend_dev_t> & devs, s
     // matmul and (but for one group) a concatenation
     constexpr size_t PER_GROUP = 6;
     const bool any = std::any_of(devs.begin(), devs.end(), [](ggml_backend_dev_t d) { return d && is_vulkan(d); });
-    return any ? n_matmuls * PER_GROUP * DSPARK_MM_MAX_GROUPS : 0;
+    constexpr size_t PER_QUADS = 4;  // CPU, repacked: two views, our node, a concatenation
+    return (any ? n_matmuls * PER_GROUP * DSPARK_MM_MAX_GROUPS : 0) + n_matmuls * PER_QUADS;
 }
 
 dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w, bool id) {
@@ -602,8 +689,11 @@ dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w, bool id) {
     if (dev && !dspark_device_is_cpu(dev)) {
         return is_vulkan(dev) ? dspark_matmul_plan_device(dev, w->type, w->ne[0], w->ne[1], id) : dspark_mm_plan{};
     }
-    if (!ggml_get_type_traits_cpu(w->type)->vec_dot || !ggml_backend_buft_is_host(buft)) {
-        return {};  // a repacked layout (used only where its plan is ggml)
+    if (!ggml_get_type_traits_cpu(w->type)->vec_dot) {
+        return {};
+    }
+    if (!ggml_backend_buft_is_host(buft)) {  // a repacked layout (used only where its plan is ggml or quads)
+        return ggml_n_dims(w) <= 2 && !id ? dspark_matmul_plan(buft, w->type, w->ne[0], w->ne[1]) : dspark_mm_plan{};
     }
     // a plain layout, whether mapped from the file or copied: one plan
     return dspark_matmul_plan(ggml_backend_dev_buffer_type(dspark_device_cpu()), w->type, w->ne[0], w->ne[1]);
@@ -615,6 +705,7 @@ const char * dspark_mm_route_name(dspark_mm_route route) {
         case dspark_mm_route::own:  return "own";
         case dspark_mm_route::rows: return "rows";
         case dspark_mm_route::groups: return "groups";
+        case dspark_mm_route::quads: return "quads";
     }
     return "?";
 }

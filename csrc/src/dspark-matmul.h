@@ -21,8 +21,13 @@
 //          from two columns, ours for a decode step).
 //   rows   otherwise: every batch runs the type's own single-row kernel (ggml's vec_dot) for each
 //          column, so a row is computed as a decode computes it (K-quants, iq4_xs, plain iq4_nl).
-// A repacked layout is used only where the plan is ggml (its gemm and gemv agree): q4_K and q2_K
-// stay in the plain layout on x86 and take its plan.
+//   quads  a repacked layout whose gemm (groups of four columns) differs from its gemv (the columns
+//          left over), and one of our kernels reproduces the gemm one column at a time (q4_K's
+//          8-row layout, AVX-512 VNNI): ggml's matmul takes the first multiple of four columns of
+//          a batch, ours the rest (a decode step: ours alone), so every column gets the gemm's bits,
+//          the ones llama.cpp's prefill gets.
+// A repacked layout is used only where the plan is ggml or quads: q2_K (and q4_K without the
+// kernel) stay in the plain layout on x86 and take its plan.
 //
 // A Vulkan device has the same problem with its own kernels (ggml-vulkan.cpp, ggml 0.25.3): up to
 // mul_mat_vec_max_cols = 8 columns it runs the mul_mat_vec shaders, one workgroup per row block
@@ -50,7 +55,7 @@
 
 #include <vector>
 
-enum class dspark_mm_route { ggml, own, rows, groups };
+enum class dspark_mm_route { ggml, own, rows, groups, quads };
 
 struct dspark_mm_plan {
     dspark_mm_route route = dspark_mm_route::ggml;
@@ -79,6 +84,9 @@ dspark_mm_plan dspark_matmul_plan_device(ggml_backend_dev_t dev, ggml_type type,
 // The plan for a matmul by weight w as placed (for ggml_mul_mat_id with `id`): the CPU's plans for
 // plain CPU buffers, the device probe's on a Vulkan device, ggml elsewhere.
 dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w, bool id = false);
+
+// w · x (x [K, N] F32) by a quads plan (w repacked, M % 8 == 0) → [M, N] F32.
+ggml_tensor * dspark_matmul_quads(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);
 
 // w · x (x [K, N] F32) by a groups plan → [M, N] F32.
 ggml_tensor * dspark_matmul_groups(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, const dspark_mm_plan & plan);

@@ -128,7 +128,11 @@ static bool repack_supports(ggml_backend_dev_t dev, ggml_backend_buffer_type_t b
     w->buffer = saved;
     ggml_backend_buffer_free(dummy);
     ggml_free(ctx);
-    return ok && dspark_matmul_plan(buft, w->type, w->ne[0], w->ne[1]).route == dspark_mm_route::ggml;
+    if (!ok) {
+        return false;  // (and not probed: the buffer type cannot hold this one)
+    }
+    const dspark_mm_route route = dspark_matmul_plan(buft, w->type, w->ne[0], w->ne[1]).route;
+    return route == dspark_mm_route::ggml || (route == dspark_mm_route::quads && ggml_n_dims(w) <= 2);
 }
 
 // Copy the chosen tensors into one repack buffer (the backend converts them on upload).
