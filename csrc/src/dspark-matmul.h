@@ -18,9 +18,11 @@
 //   own    ggml's multi-column kernel agrees with itself from some column count on, and one of our
 //          single-column kernels (dspark-matmul-kernels.h) reproduces it: batches below that count
 //          run ours, column by column, and larger ones run ggml's (f32, f16, bf16 on x86: llamafile
-//          from two columns, ours for a decode step).
+//          from two columns; q2_K..q6_K and iq4_xs on AVX-512 VNNI builds: the tiled kernel from
+//          eight).
 //   rows   otherwise: every batch runs the type's own single-row kernel (ggml's vec_dot) for each
-//          column, so a row is computed as a decode computes it (K-quants, iq4_xs, plain iq4_nl).
+//          column, so a row is computed as a decode computes it (K-quants and iq4_xs in builds
+//          without our kernels, plain iq4_nl).
 //   quads  a repacked layout whose gemm (groups of four columns) differs from its gemv (the columns
 //          left over), and one of our kernels reproduces the gemm one column at a time (q4_K's
 //          8-row layout, AVX-512 VNNI): ggml's matmul takes the first multiple of four columns of
