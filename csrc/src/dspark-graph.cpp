@@ -38,13 +38,16 @@ ggml_tensor * dspark_graph::rms_norm(ggml_tensor * x, ggml_tensor * w, float eps
 ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * scale) const {
     const int64_t n = x->ne[1];
     const bool plain_2d = x->ne[2] == 1 && x->ne[3] == 1 && ggml_n_dims(w) <= 2;
-    const dspark_mm_plan plan = plain_2d ? dspark_matmul_plan_of(w) : dspark_mm_plan{};
-    if (!plain_2d && ggml_n_dims(w) <= 2 && dspark_matmul_plan_of(w).route == dspark_mm_route::quads) {
+    dspark_mm_plan plan = ggml_n_dims(w) <= 2 ? dspark_matmul_plan_of(w) : dspark_mm_plan{};
+    if (!plain_2d && plan.route == dspark_mm_route::quads) {
         // a repacked weight computes any batch exactly only through its plan: as one 2-D batch
         ggml_tensor * x2 = ggml_reshape_2d(ctx, ggml_cont(ctx, x), x->ne[0], ggml_nelements(x) / x->ne[0]);
         ggml_tensor * y2 = dspark_matmul_quads(ctx, w, x2);
         ggml_tensor * y = ggml_reshape_4d(ctx, y2, w->ne[1], x->ne[1], x->ne[2], x->ne[3]);
         return scale ? ggml_mul(ctx, y, scale) : y;
+    }
+    if (!plain_2d) {
+        plan = {};  // the other plans take 2-D batches: ggml's matmul as it is
     }
     ggml_tensor * y;
     if (plan.route == dspark_mm_route::groups) {

@@ -188,24 +188,27 @@ alignas(64) const int16_t K4_SPREAD[4][32] = {
     {1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1, 3,3,3,3,3,3,3,3,3,3,3,3,3,3,3,3},
     {4,4,4,4,4,4,4,4,4,4,4,4,4,4,4,4, 6,6,6,6,6,6,6,6,6,6,6,6,6,6,6,6},
     {5,5,5,5,5,5,5,5,5,5,5,5,5,5,5,5, 7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7}};
-// A q4_K / q5_K block opens with d, dmin and the scales (16 bytes, one vector): d, dmin and the
-// int16 scale vectors, decoded in vector lanes [d|dmin, u0, u1, u2] (u: the scale bytes as words).
-inline void k4_header(const void * block, kq_block_vectors & b) {
-    const __m128i h = _mm_loadu_si128((const __m128i *) block);
-    const __m128i a = _mm_shuffle_epi32(h, 0xED);  // [u0, u2, u1, u2]
-    const __m128i c = _mm_shuffle_epi32(h, 0xA5);  // [u0, u0, u1, u1]
-    // [u0 & low6, (u2 & low4) | top2(u0) << 4, u1 & low6, (u2 >> 4 & low4) | top2(u1) << 4]
-    const __m128i low = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
-                                      _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
-    const __m128i top = _mm_slli_epi32(_mm_and_si128(_mm_srli_epi32(c, 6), _mm_setr_epi32(0, 0x03030303, 0, 0x03030303)), 4);
-    const __m256i sm = _mm256_cvtepu8_epi16(_mm_or_si128(low, top));  // int16 [scale 0..7, min 0..7]
+// The 12 bytes of q4_K's packing as bytes [scale 0..7, min 0..7]: 32-bit words u0, u1, u2 give
+// scales 0-3 = u0 & low6, mins 0-3 = u1 & low6, and for 4-7 the low 4 bits from u2 (low / high
+// nibbles) with the top 2 bits of u0 / u1 above them.
+inline __m128i k4_scales_mins_bytes(const uint8_t * q) {
+    uint32_t u[3];
+    memcpy(u, q, sizeof(u));
+    const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x03030303;
+    return _mm_setr_epi32((int) (u[0] & low6), (int) ((u[2] & low4) | (((u[0] >> 6) & top2) << 4)),
+                          (int) (u[1] & low6), (int) (((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4)));
+}
+
+// A q4_K / q5_K block's d, dmin and scales as the int16 scale vectors.
+template <typename Block>
+inline void k4_header(const Block & x, kq_block_vectors & b) {
+    const __m256i sm = _mm256_cvtepu8_epi16(k4_scales_mins_bytes(x.scales));  // int16 [scale 0..7, min 0..7]
     for (int v = 0; v < 4; ++v) {
         b.scale[v] = _mm512_permutexvar_epi16(_mm512_load_si512(K4_SPREAD[v]), _mm512_castsi256_si512(sm));
     }
     b.min16 = _mm256_permutexvar_epi16(_mm256_setr_epi16(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15), sm);
-    const __m128 d = _mm_cvtph_ps(h);  // d, dmin (and the scale bytes read as halves: unused)
-    b.d = _mm_cvtss_f32(d);
-    b.dmin = _mm_cvtss_f32(_mm_movehdup_ps(d));
+    b.d = half_to_float(x.d);
+    b.dmin = half_to_float(x.dmin);
 }
 
 // ---- q4_K: vector 2j holds the low nibbles of qs[64j..64j+63] (values 128j + 0..31, 64..95),
@@ -222,7 +225,7 @@ struct q4k_simd {
         const __m512i q0 = _mm512_loadu_si512(x.qs), q1 = _mm512_loadu_si512(x.qs + 64);
         b.code[0] = nibbles_lo(q0); b.code[1] = nibbles_hi(q0);
         b.code[2] = nibbles_lo(q1); b.code[3] = nibbles_hi(q1);
-        k4_header(&x, b);
+        k4_header(x, b);
     }
 };
 
@@ -245,7 +248,7 @@ struct q5k_simd {
             const __mmask64 top = _mm512_test_epi8_mask(h, sel);
             b.code[v] = _mm512_mask_add_epi8(b.code[v], top, b.code[v], _mm512_set1_epi8(16));
         }
-        k4_header(&x, b);
+        k4_header(x, b);
     }
 };
 
@@ -469,16 +472,6 @@ struct q4kx8_block {
     uint8_t     qs[1024];    // 8-byte runs: run k holds bytes 8(k/8) .. 8(k/8)+7 of row k % 8
 };
 static_assert(sizeof(q4kx8_block) == 1152, "q4_Kx8 layout");
-
-// The 6-bit scales and mins of one sub-block for the eight rows: int16 [scale r, min r] pairs
-// spread as the callers need them.
-inline __m128i k4_scales_mins_bytes(const uint8_t * q) {  // bytes [scale 0..7, min 0..7]
-    uint32_t u[3];
-    memcpy(u, q, sizeof(u));
-    const uint32_t low6 = 0x3F3F3F3F, low4 = 0x0F0F0F0F, top2 = 0x03030303;
-    return _mm_setr_epi32((int) (u[0] & low6), (int) ((u[2] & low4) | (((u[0] >> 6) & top2) << 4)),
-                          (int) (u[1] & low6), (int) (((u[2] >> 4) & low4) | (((u[1] >> 6) & top2) << 4)));
-}
 
 // The column as the gemm's quantizer makes it: per block, d = 1/iscale with iscale = ∓127/amax
 // (minus when amax occurs as a positive value), values rounded to nearest even, sums of 16.
