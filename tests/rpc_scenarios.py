@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dspark_ggml as dg  # noqa: E402
 from tests import tiny_pair as demo  # noqa: E402
+from tests.tiny_models import TargetConfig, write_target  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def push(self, x):"]
 
@@ -52,6 +54,29 @@ def tokens(llm: dg.LLM, n: int = 40) -> list[list[int]]:
     return [r.tokens for r in llm.generate_batch(PROMPTS, max_tokens=n, temperature=0.0)]
 
 
+def interleaved_logits(path: Path, device: int) -> list[list[float]]:
+    """Logits of two sequences decoded together: 150-token prompts, then 12 steps of both. On the
+    RPC device attention runs in sequence order (dspark_graph::attention_in_order), on the CPU as
+    our attention node: two implementations whose rows should agree to float rounding."""
+    import numpy as np
+
+    model = dg.Model(path, device=device)
+    ctx = dg.Context(model, n_ctx=512, n_seq_max=2, n_batch=256, n_threads=1, type_kv="f32")
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.integers(0, 256, 150)] for _ in range(2)]
+    ctx.decode(prompts[0][:80], seq_ids=0)
+    ctx.decode(prompts[1], seq_ids=1)  # its cells after the first 80 of sequence 0's
+    ctx.decode(prompts[0][80:], seq_ids=0)
+    rows = []
+    for i in range(12):
+        ctx.decode([int(rng.integers(0, 256)), int(rng.integers(0, 256))], positions=[150 + i, 150 + i],
+                   seq_ids=[0, 1], outputs=[True, True])
+        rows += ctx.get_logits(copy=True).tolist()
+    ctx.close()
+    model.close()
+    return rows
+
+
 def same(port: int) -> dict[str, Any]:
     """Greedy tokens of every placement, and where each model went."""
     srv = rpc_server(port)
@@ -73,6 +98,12 @@ def same(port: int) -> dict[str, Any]:
                 out[name]["reduced"] = tokens(llm)
         with dg.LLM(demo.TARGET_PATH, n_seq_max=2, device=cpu) as llm:
             out["target_only"] = tokens(llm)
+        with tempfile.TemporaryDirectory() as d:
+            # a random f32 target: rounding stays rounding there (the trained demo amplifies it)
+            path = Path(d) / "t.gguf"
+            write_target(path, TargetConfig(n_vocab=256, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
+                                            n_ff=512, with_tokenizer=False), seed=3)
+            out["logits"] = {"local": interleaved_logits(path, cpu), "rpc": interleaved_logits(path, rpc)}
         return out
     finally:
         srv.kill()

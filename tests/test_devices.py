@@ -243,11 +243,9 @@ INV_TYPES = ["f16", "q8_0", "q4_0", "q4_K", "q6_K", "iq4_nl"]
 INV_TARGET = TargetConfig(n_vocab=1024, n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64, n_ff=512,
                           with_tokenizer=False)
 INV_BATCHES = list(range(1, 18)) + [33]
-# ggml-vulkan's flash attention splits a KV cache longer than one 32-cell block (the cache's view
-# is padded to 32) into a number of parts that depends on the batch's shape (split_k), so rows at
-# positions from 32 on differ in the last bits between a decode step and a verify block: that is
-# attention, not the matmuls, and is left to test_attention_beyond_32_cells_is_batch_invariant.
-FA_BLOCK = 32
+# Rows from this position on: beyond ggml-vulkan's first flash-attention block of 32 cells, where its
+# split of the cells follows the batch's shape (what attention in sequence order replaces).
+INV_PREFIX = 40
 
 
 @pytest.fixture(scope="module")
@@ -267,55 +265,89 @@ def inv_models(tmp_path_factory):
     return out
 
 
-def _rows_alone_and_in_batches(model: Model, tokens: list[int], batches: list[int], compared: int):
-    """(batch size, row) of every row among the first `compared` positions whose logits in a batch of
-    tokens[:N] (from position 0) differ from the same row decoded alone."""
+def _rows_alone_and_in_batches(model: Model, tokens: list[int], batches: list[int], prefix: int):
+    """(batch size, row) of every row whose logits in a batch of tokens[prefix:prefix + N] (after the
+    prefix, decoded once) differ from the same row decoded alone."""
     ctx = Context(model, n_ctx=128, n_batch=64, n_threads=2, type_kv="f32")
+    ctx.decode(tokens[:prefix])
     alone = []
-    for t in tokens[:compared]:
+    for t in tokens[prefix:prefix + max(batches)]:
         ctx.decode([t])
         alone.append(ctx.get_logits(copy=True)[0])
     differ = []
     for n in batches:
-        ctx.kv_seq_rm(0, 0)
-        ctx.decode(tokens[:n], outputs=[True] * n)
+        ctx.kv_seq_rm(0, prefix)
+        ctx.decode(tokens[prefix:prefix + n], outputs=[True] * n)
         got = ctx.get_logits(copy=True)
-        differ += [(n, i) for i in range(min(n, compared)) if not np.array_equal(got[i], alone[i])]
+        differ += [(n, i) for i in range(n) if not np.array_equal(got[i], alone[i])]
     ctx.close()
     return differ
 
 
 @pytest.mark.parametrize("type_name", INV_TYPES)
 def test_rows_alone_and_in_any_batch_are_bit_identical_on_the_device(inv_models, accel, type_name):
-    """Batches of 1..17 and 33 rows (a 33-row batch runs as five groups)."""
-    tokens = [int(t) for t in np.random.default_rng(7).integers(0, INV_TARGET.n_vocab, max(INV_BATCHES))]
+    """Batches of 1..17 and 33 rows (a 33-row batch runs as five groups) at positions 40..72. With
+    ggml's flash attention (before attention in sequence order) rows from cell 32 on differed."""
+    tokens = [int(t) for t in np.random.default_rng(7).integers(0, INV_TARGET.n_vocab, INV_PREFIX + max(INV_BATCHES))]
     model = Model(inv_models[type_name], device=accel.index)
-    assert _rows_alone_and_in_batches(model, tokens, INV_BATCHES, FA_BLOCK) == []
+    assert _rows_alone_and_in_batches(model, tokens, INV_BATCHES, INV_PREFIX) == []
+
+
+def test_a_sequences_rows_do_not_depend_on_where_its_cells_lie_on_the_device(inv_models, accel):
+    """One sequence's logits alone in a cache, and with another sequence's 70 cells ahead of its own
+    (its cells then start at 128), decoded in batches with the other sequence's tokens."""
+    model = Model(inv_models["q4_K"], device=accel.index)
+    rng = np.random.default_rng(9)
+    mine = [int(t) for t in rng.integers(0, INV_TARGET.n_vocab, 50)]
+    other = [int(t) for t in rng.integers(0, INV_TARGET.n_vocab, 80)]
+
+    alone = Context(model, n_ctx=256, n_batch=64, n_threads=2, type_kv="f32")
+    alone.decode(mine[:40])
+    ref = []
+    for t in mine[40:]:
+        alone.decode([t])
+        ref.append(alone.get_logits(copy=True)[0])
+    alone.close()
+
+    shared = Context(model, n_ctx=256, n_seq_max=2, n_batch=64, n_threads=2, type_kv="f32")
+    shared.decode(other[:35], seq_ids=1)
+    shared.decode(other[35:70], seq_ids=1)
+    shared.decode(mine[:40], seq_ids=0)
+    got = []
+    for i, t in enumerate(mine[40:]):  # each step with one token of the other sequence
+        shared.decode([other[70 + i], t], positions=[70 + i, 40 + i], seq_ids=[1, 0], outputs=[False, True])
+        got.append(shared.get_logits(copy=True)[0])
+    shared.close()
+    assert [i for i in range(len(ref)) if not np.array_equal(got[i], ref[i])] == []
 
 
 @pytest.mark.parametrize("type_name", ["q4_0", "q4_K"])  # (the draft is slow on lavapipe: two types)
 def test_greedy_speculation_is_token_identical_on_the_device(inv_models, accel, type_name):
-    """16-token verify blocks against one-token decode steps, with no near-tie allowance (the rows
-    stay within the first 32 KV cells: see FA_BLOCK). Without the groups route the second prompt
-    differs at its 10th token on q4_0 (lavapipe)."""
+    """16-token verify blocks against one-token decode steps, with no near-tie allowance, well past
+    the first 32 KV cells: two prompts alone, and both in one engine (their blocks in one verify
+    batch). Without the groups route the second prompt differs at its 10th token on q4_0 (lavapipe)."""
     model = Model(inv_models[type_name], device=accel.index)
-    sp = SamplingParams(max_tokens=FA_BLOCK - 8)
+    sp = SamplingParams(max_tokens=56)
     prompts = [[3, 17, 5, 9, 1, 30, 2, 8], [700, 12, 96, 4]]
     draft = DraftModel(inv_models["draft"], model)
-    for prompt in prompts:
-        outs = []
-        for d in (None, draft):
-            ctx = _ctx(model)
-            eng = Engine(ctx, DraftContext(d, n_ctx=256, type_kv="f32", n_threads=2) if d else None)
-            out = list(eng.add(0, prompt, sp))
-            while eng.status(0) == "active":
-                eng.step()
-                out += eng.new_tokens(0)[0]
-            outs.append(out)
-            if d:  # verify blocks longer than the device's exact batches (8 columns)
-                st = eng.stats(0)
-                assert st.n_drafted >= 8 * st.n_steps, (st.n_drafted, st.n_steps)
-        assert len(outs[0]) == sp.max_tokens and outs[1] == outs[0], prompt
+
+    def run(d, batch: list[list[int]]) -> list[list[int]]:
+        ctx = _ctx(model, n_seq=len(batch))
+        eng = Engine(ctx, DraftContext(d, n_ctx=256, n_seq_max=len(batch), type_kv="f32", n_threads=2) if d else None)
+        outs = [list(eng.add(i, p, sp)) for i, p in enumerate(batch)]
+        while any(eng.status(i) == "active" for i in range(len(batch))):
+            eng.step()
+            for i in range(len(batch)):
+                outs[i] += eng.new_tokens(i)[0]
+        if d:  # verify blocks longer than the device's exact batches (8 columns)
+            st = eng.stats(0)
+            assert st.n_drafted >= 8 * st.n_steps, (st.n_drafted, st.n_steps)
+        return outs
+
+    want = [run(None, [p])[0] for p in prompts]
+    assert all(len(w) == sp.max_tokens for w in want)
+    assert [run(draft, [p])[0] for p in prompts] == want
+    assert run(draft, prompts) == want
 
 
 # ---- placement (runs on any build) -----------------------------------------------------------------

@@ -8,6 +8,8 @@
 #include "models/target-graph.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 
 ggml_type dspark_kv_ggml_type(int32_t t) {
@@ -107,9 +109,18 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     }
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
     pad_odd_columns = dspark_device_is_cpu(model.device());
+    for (ggml_tensor * k : kv.k) {
+        device_cache = device_cache || (k && !dspark_graph_cache_on_host(k));
+    }
     logits.resize((size_t) n_outputs_max * hp().n_vocab);
     reserve_worst_case();
 }
+
+// On a device, attention runs in sequence order (dspark_graph::attention_in_order) for batches of at
+// most this many query rows (tokens times heads): its scores take n·rows floats, where ggml's flash
+// attention keeps none, so a long prompt is better off with the latter. Decode steps and verify
+// blocks stay far below it. DSPARK_DEVICE_ATTENTION=ggml keeps ggml's attention for every batch.
+constexpr int IN_ORDER_MAX_ROWS = 4096;
 
 void dspark_context::reserve_worst_case() {
     ggml_context * ctx = compute.begin();
@@ -118,6 +129,52 @@ void dspark_context::reserve_worst_case() {
     build_target_graph(g, *model.target, kv, (int) params.n_batch, (int) n_outputs_max, (int) params.n_ctx, capture,
                        flash_attn);
     compute.reserve(gf);
+    const int T = std::min((int) params.n_batch, IN_ORDER_MAX_ROWS / (int) hp().n_head);
+    if (in_order_cells(T, params.n_ctx) > 0) {  // the largest batch in sequence order, one sequence
+        ctx = compute.begin();
+        gf = compute.new_graph(ctx);
+        g = {ctx, gf, pad_odd_columns};
+        build_target_graph(g, *model.target, kv, T, std::min(T, (int) n_outputs_max), (int) params.n_ctx, capture,
+                           flash_attn, nullptr, in_order_cells(T, params.n_ctx), 1);
+        compute.reserve(gf);
+    }
+}
+
+int dspark_context::in_order_cells(int n_tokens, size_t longest) const {
+    static const bool off = getenv("DSPARK_DEVICE_ATTENTION") && strcmp(getenv("DSPARK_DEVICE_ATTENTION"), "ggml") == 0;
+    if (!device_cache || off || n_tokens * (int) hp().n_head > IN_ORDER_MAX_ROWS) {
+        return 0;
+    }
+    // Whole blocks of 256, and at least 1024: ggml-vulkan picks the matrix-vector workgroup size by
+    // the length of the rows on some vendors (at 1024), and all lengths here take one size.
+    const size_t n = (longest + 255) / 256 * 256;
+    return (int) std::max<size_t>(n, 1024);
+}
+
+void dspark_context::set_in_order_inputs(const target_in_order & io, const dspark_kv_seq_cells & order,
+                                         const dspark_batch & b) const {
+    const int T = b.n_tokens, n = (int) io.n, H = (int) hp().n_head;
+    std::vector<int32_t> cells((size_t) n * io.slots);
+    std::vector<float> mask((size_t) n * T);
+    kv.fill_in_order(order, n, T, b.pos, dspark_kv_mask_params(), cells.data(), mask.data());
+    dspark_set_input(io.cells, cells.data(), cells.size() * sizeof(int32_t));
+    dspark_set_input(io.mask, mask.data(), mask.size() * sizeof(float));
+    if (io.mask_swa) {
+        dspark_kv_mask_params swa;
+        swa.n_swa = hp().n_swa;
+        kv.fill_in_order(order, n, T, b.pos, swa, cells.data(), mask.data());
+        dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(float));
+    }
+    std::vector<int32_t> heads((size_t) H * T);
+    for (const auto & h : io.heads) {
+        const int Hkv = h.first;
+        for (int t = 0; t < T; ++t) {
+            for (int q = 0; q < H; ++q) {
+                heads[(size_t) t * H + q] = order.slot[t] * Hkv + q / (H / Hkv);
+            }
+        }
+        dspark_set_input(h.second, heads.data(), heads.size() * sizeof(int32_t));
+    }
 }
 
 void dspark_context::set_capture(const std::vector<int32_t> & ids) {
@@ -205,17 +262,24 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
         dspark_throw(DSPARK_STATUS_INTERNAL, "in-graph sampling of %zu rows for %d outputs", sampling->size(), n_out);
     }
 
+    dspark_kv_seq_cells order;
+    if (in_order_cells(T, 0) > 0) {
+        order = kv.seq_cells(T, b.seq_id);
+    }
     target_graph_key key;
     key.n_tokens = T;
     key.n_outputs = n_out;
     key.n_kv = n_kv;
+    key.in_order_cells = order.seqs.empty() ? 0 : in_order_cells(T, order.longest());
+    key.in_order_slots = (int) order.seqs.size();
     key.capture = capture;
     key.sampled = sampling != nullptr;
     if (sampling) {
         key.sampler = sampling->shape(hp().n_vocab);
     }
     ggml_cgraph * gf = graph_for(graph, key, [&](const dspark_graph & g) {
-        cached_io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn, key.sampled ? &key.sampler : nullptr);
+        cached_io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn,
+                                       key.sampled ? &key.sampler : nullptr, key.in_order_cells, key.in_order_slots);
     });
     const target_graph & io = cached_io;
     if (sampling) {
@@ -235,6 +299,9 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
         swa.n_swa = hp().n_swa;
         kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, swa);
         dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
+    }
+    if (io.in_order.n > 0) {
+        set_in_order_inputs(io.in_order, order, b);
     }
     if (io.out_ids) {
         std::vector<int32_t> rows;

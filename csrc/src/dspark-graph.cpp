@@ -98,11 +98,15 @@ void dspark_graph::store_kv(const dspark_kv_cache & kv, int il, ggml_tensor * k,
     expand(ggml_set_rows(ctx, kv.v[il], v2, kv_idx));
 }
 
+bool dspark_graph_cache_on_host(const ggml_tensor * cache) {
+    return cache->buffer && ggml_backend_buffer_is_host(cache->buffer);
+}
+
 // A cache in host memory is read by the CPU: there our attention node replaces ggml's flash
 // attention (see dspark-attention.h), unless DSPARK_CPU_ATTENTION=ggml asks for ggml's.
 static bool own_cpu_attention(const ggml_tensor * cache) {
     static const bool off = getenv("DSPARK_CPU_ATTENTION") && strcmp(getenv("DSPARK_CPU_ATTENTION"), "ggml") == 0;
-    return !off && cache->buffer && ggml_backend_buffer_is_host(cache->buffer);
+    return !off && dspark_graph_cache_on_host(cache);
 }
 
 ggml_tensor * dspark_graph::attention(const dspark_kv_cache & kv, int il, ggml_tensor * q, ggml_tensor * mask, int n_kv,
@@ -137,6 +141,35 @@ ggml_tensor * dspark_graph::attention(const dspark_kv_cache & kv, int il, ggml_t
         out = ggml_cont(ctx, out);
     }
     return ggml_reshape_2d(ctx, out, head_dim * H, T);
+}
+
+// Why not ggml's flash attention on a device: ggml-vulkan splits the cells into parts whose number
+// follows the batch's shape and the device's core count, and its softmax and matrix-vector shaders
+// change workgroup size with the row length, so a verify row and the decode step it replaces add in
+// other orders. Here each product is a single column (ggml_mul_mat_id over one token, one "expert"
+// per sequence slot and KV head: the matrix-vector shaders, which compute each column alone), the
+// reductions run over a row in an order fixed by the row's index (sum_rows; the max is exact), and a
+// sequence's cells are gathered in position order, so another sequence's cells, where they lie in
+// the cache and how long the padded rows are do not enter a row's arithmetic: padding adds exact
+// zeros (exp(-inf) = 0 times finite values).
+ggml_tensor * dspark_graph::attention_in_order(const dspark_kv_cache & kv, int il, ggml_tensor * q, ggml_tensor * cells,
+                                               ggml_tensor * mask, ggml_tensor * heads, int64_t n, int head_dim,
+                                               int n_head_kv, float scale) const {
+    const int64_t D = head_dim, Hkv = n_head_kv, H = q->ne[1], T = q->ne[2], S = cells->ne[0] / n;
+    // [D·Hkv, n·S] -> K [D, n, Hkv·S] and Vᵀ [n, D, Hkv·S]: one matrix per (slot, KV head)
+    ggml_tensor * k = ggml_reshape_4d(ctx, ggml_get_rows(ctx, kv.k[il], cells), D, Hkv, n, S);
+    ggml_tensor * v = ggml_reshape_4d(ctx, ggml_get_rows(ctx, kv.v[il], cells), D, Hkv, n, S);
+    k = ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_permute(ctx, k, 0, 2, 1, 3)), D, n, Hkv * S);
+    v = ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3)), n, D, Hkv * S);
+
+    // scores [n, H·T, 1]: every query head of every token is one column of "token" 0
+    ggml_tensor * s = ggml_mul_mat_id(ctx, k, ggml_reshape_3d(ctx, q, D, H * T, 1), heads);
+    s = ggml_add(ctx, ggml_scale(ctx, ggml_reshape_3d(ctx, s, n, H, T), scale), ggml_reshape_3d(ctx, mask, n, 1, T));
+    ggml_tensor * m = ggml_pool_2d(ctx, s, GGML_OP_POOL_MAX, (int) n, 1, (int) n, 1, 0.0f, 0.0f);  // [1, H, T]
+    ggml_tensor * e = ggml_exp(ctx, ggml_sub(ctx, s, m));                                         // [n, H, T]
+    ggml_tensor * o = ggml_mul_mat_id(ctx, v, ggml_reshape_3d(ctx, e, n, H * T, 1), heads);       // [D, H·T, 1]
+    o = ggml_div(ctx, ggml_reshape_3d(ctx, o, D, H, T), ggml_sum_rows(ctx, e));
+    return ggml_reshape_2d(ctx, o, D * H, T);
 }
 
 ggml_tensor * dspark_graph::ffn(ggml_tensor * x, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down, bool gelu) const {

@@ -51,6 +51,15 @@ struct dspark_graph {
     ggml_tensor * attention(const dspark_kv_cache & kv, int il, ggml_tensor * q, ggml_tensor * mask, int n_kv,
                             int head_dim, int n_head_kv, float scale, bool flash, ggml_tensor * sinks = nullptr) const;
 
+    // The same attention for a cache on a device, computed so that a row's value depends only on
+    // its own sequence (dspark-graph.cpp): every query attends to its sequence's cells gathered in
+    // position order, n per slot (cells I32 [n·S], mask F32 [n, T] from
+    // dspark_kv_cache::fill_in_order), through single-column products. heads I32 [H·T]: the
+    // (slot, KV head) each query head of each token reads, slot·Hkv + h / (H / Hkv).
+    ggml_tensor * attention_in_order(const dspark_kv_cache & kv, int il, ggml_tensor * q, ggml_tensor * cells,
+                                     ggml_tensor * mask, ggml_tensor * heads, int64_t n, int head_dim, int n_head_kv,
+                                     float scale) const;
+
     // down · (act(gate · x) ⊙ (up · x)), act = SiLU or GELU (tanh approximation).
     ggml_tensor * ffn(ggml_tensor * x, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down, bool gelu) const;
 
@@ -67,6 +76,9 @@ ggml_tensor * dspark_graph_input(ggml_context * ctx, ggml_type type, int64_t ne0
 
 // Per-column gather: out[i, c] = src[idx[i, c], c]; src [n, r] (F32 or I32), idx I32 [m, r].
 ggml_tensor * dspark_gather_cols(ggml_context * ctx, ggml_tensor * src, ggml_tensor * idx);
+
+// Whether a KV cache tensor lives in host memory (attention there runs on the CPU).
+bool dspark_graph_cache_on_host(const ggml_tensor * cache);
 
 // Fill an input after allocation; an input no node uses got no memory and is skipped.
 void dspark_set_input(ggml_tensor * t, const void * data, size_t nbytes);

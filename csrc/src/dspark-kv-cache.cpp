@@ -135,17 +135,18 @@ uint32_t dspark_kv_cache::n_kv() const {
     return std::max<uint32_t>(1, std::min(n, n_cells));
 }
 
+// Whether a query at pos of seq may attend to cell c (the one rule of both mask layouts).
+static bool visible(const dspark_kv_cell & c, int32_t pos, int32_t seq, const dspark_kv_mask_params & mp) {
+    return c.pos >= 0 && c.seq.test(seq) && (!mp.causal || c.pos <= pos) && (mp.n_swa <= 0 || pos - c.pos < mp.n_swa);
+}
+
 template <typename T>
 static void fill_mask_impl(const dspark_kv_cache & kv, T * out, uint32_t n_kv, int32_t n_tokens, const int32_t * pos,
                            const int32_t * seq, const dspark_kv_mask_params & mp, T zero, T neg_inf) {
     for (int32_t t = 0; t < n_tokens; ++t) {
         T * row = out + (size_t) t * n_kv;
         for (uint32_t j = 0; j < n_kv; ++j) {
-            const dspark_kv_cell & c = kv.cells[j];
-            bool ok = c.pos >= 0 && c.seq.test(seq[t]);
-            ok = ok && (!mp.causal || c.pos <= pos[t]);
-            ok = ok && (mp.n_swa <= 0 || pos[t] - c.pos < mp.n_swa);
-            row[j] = ok ? zero : neg_inf;
+            row[j] = visible(kv.cells[j], pos[t], seq[t], mp) ? zero : neg_inf;
         }
     }
 }
@@ -159,6 +160,54 @@ void dspark_kv_cache::fill_mask(ggml_fp16_t * out, uint32_t n_kv_, int32_t n_tok
 void dspark_kv_cache::fill_mask(float * out, uint32_t n_kv_, int32_t n_tokens, const int32_t * pos,
                                 const int32_t * seq, const dspark_kv_mask_params & mp) const {
     fill_mask_impl<float>(*this, out, n_kv_, n_tokens, pos, seq, mp, 0.0f, -INFINITY);
+}
+
+size_t dspark_kv_seq_cells::longest() const {
+    size_t n = 0;
+    for (const std::vector<int32_t> & c : cells) {
+        n = std::max(n, c.size());
+    }
+    return n;
+}
+
+dspark_kv_seq_cells dspark_kv_cache::seq_cells(int32_t n_tokens, const int32_t * seq) const {
+    dspark_kv_seq_cells sc;
+    for (int32_t t = 0; t < n_tokens; ++t) {
+        const auto it = std::find(sc.seqs.begin(), sc.seqs.end(), seq[t]);
+        sc.slot.push_back((int32_t) (it - sc.seqs.begin()));
+        if (it == sc.seqs.end()) {
+            sc.seqs.push_back(seq[t]);
+        }
+    }
+    sc.cells.resize(sc.seqs.size());
+    for (size_t s = 0; s < sc.seqs.size(); ++s) {
+        std::vector<int32_t> & list = sc.cells[s];
+        for (uint32_t j = 0; j < extent; ++j) {
+            if (cells[j].pos >= 0 && cells[j].seq.test(sc.seqs[s])) {
+                list.push_back((int32_t) j);
+            }
+        }
+        std::sort(list.begin(), list.end(), [&](int32_t a, int32_t b) { return cells[a].pos < cells[b].pos; });
+    }
+    return sc;
+}
+
+void dspark_kv_cache::fill_in_order(const dspark_kv_seq_cells & sc, uint32_t n, int32_t n_tokens, const int32_t * pos,
+                                    const dspark_kv_mask_params & mp, int32_t * cells_out, float * mask_out) const {
+    for (size_t s = 0; s < sc.cells.size(); ++s) {
+        const std::vector<int32_t> & list = sc.cells[s];
+        for (uint32_t i = 0; i < n; ++i) {
+            cells_out[s * n + i] = i < list.size() ? list[i] : list[0];
+        }
+    }
+    for (int32_t t = 0; t < n_tokens; ++t) {
+        const int32_t s = sc.slot[t];
+        const std::vector<int32_t> & list = sc.cells[s];
+        for (uint32_t i = 0; i < n; ++i) {
+            const bool ok = i < list.size() && visible(cells[list[i]], pos[t], sc.seqs[s], mp);
+            mask_out[(size_t) t * n + i] = ok ? 0.0f : -INFINITY;
+        }
+    }
 }
 
 static bool in_range(int32_t p, int32_t p0, int32_t p1) {

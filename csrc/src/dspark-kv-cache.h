@@ -30,6 +30,16 @@ struct dspark_kv_mask_params {
     int32_t n_swa  = 0;  // > 0: also hide cells with pos_query - pos_key >= n_swa
 };
 
+// The sequences of a batch in the order attention meets them on a device (see
+// dspark_graph::attention_in_order): slot s holds sequence seqs[s] and its cells in position order.
+struct dspark_kv_seq_cells {
+    std::vector<int32_t>              seqs;   // the sequence of each slot, in order of first appearance
+    std::vector<int32_t>              slot;   // the slot of each token of the batch
+    std::vector<std::vector<int32_t>> cells;  // per slot, the sequence's cells in position order
+
+    size_t longest() const;
+};
+
 struct dspark_kv_cache;
 struct dspark_kv;  // the C API's name for a dspark_kv_cache
 
@@ -72,6 +82,14 @@ struct dspark_kv_cache {
                    const int32_t * seq, const dspark_kv_mask_params & mp) const;
     void fill_mask(float * out, uint32_t n_kv, int32_t n_tokens, const int32_t * pos,
                    const int32_t * seq, const dspark_kv_mask_params & mp) const;
+
+    // The sequences of tokens seq[0 .. n_tokens) and their cells (the batch's own included).
+    dspark_kv_seq_cells seq_cells(int32_t n_tokens, const int32_t * seq) const;
+    // For attention in sequence order over n cells per slot: cells_out [n, slots] lists each slot's
+    // cells, padded with its first cell; mask_out [n, n_tokens] is 0 where token t may attend to
+    // the cell in row t's slot and -inf elsewhere (padding included).
+    void fill_in_order(const dspark_kv_seq_cells & sc, uint32_t n, int32_t n_tokens, const int32_t * pos,
+                       const dspark_kv_mask_params & mp, int32_t * cells_out, float * mask_out) const;
 
     // Sequence operations: host bookkeeping only, no graph runs. p1 < 0 means "to the end".
     void    seq_rm(int32_t seq, int32_t p0, int32_t p1);

@@ -29,8 +29,15 @@ ggml_tensor * dspark_target_attention(const target_layer_io & c, int il, ggml_te
         g.store_kv(c.kv, il, k, v, c.io.kv_idx);
     }
     const float scale = opts.kq_scale != 0.0f ? opts.kq_scale : 1.0f / sqrtf((float) D);
-    ggml_tensor * mask = l.swa ? c.io.mask_swa : c.io.mask;
-    ggml_tensor * a = g.attention(c.kv, l.kv_src, q, mask, c.n_kv, (int) D, l.n_head_kv, scale, c.flash);  // [D·H, T]
+    ggml_tensor * a;  // [D·H, T]
+    const target_in_order & o = c.io.in_order;
+    if (o.n > 0 && !dspark_graph_cache_on_host(c.kv.k[l.kv_src])) {
+        a = g.attention_in_order(c.kv, l.kv_src, q, o.cells, l.swa ? o.mask_swa : o.mask, o.heads_for(l.n_head_kv), o.n,
+                                 (int) D, l.n_head_kv, scale);
+    } else {
+        ggml_tensor * mask = l.swa ? c.io.mask_swa : c.io.mask;
+        a = g.attention(c.kv, l.kv_src, q, mask, c.n_kv, (int) D, l.n_head_kv, scale, c.flash);
+    }
     return g.add(g.mm(l.wo, a), l.bo);
 }
 
@@ -57,6 +64,33 @@ ggml_tensor * dspark_target_moe(const target_layer_io & c, int il, ggml_tensor *
         y = ggml_add(g.ctx, y, s);
     }
     return y;
+}
+
+ggml_tensor * target_in_order::heads_for(int n_head_kv) const {
+    for (const auto & h : heads) {
+        if (h.first == n_head_kv) {
+            return h.second;
+        }
+    }
+    return nullptr;
+}
+
+static target_in_order in_order_inputs(ggml_context * ctx, const target_model & m, int n_tokens, int n, int slots) {
+    target_in_order o;
+    o.n = n;
+    o.slots = slots;
+    o.cells = dspark_graph_input(ctx, GGML_TYPE_I32, (int64_t) n * slots, 0, "inp_in_order_cells");
+    o.mask  = dspark_graph_input(ctx, GGML_TYPE_F32, n, n_tokens, "inp_in_order_mask");
+    if (m.has_swa()) {
+        o.mask_swa = dspark_graph_input(ctx, GGML_TYPE_F32, n, n_tokens, "inp_in_order_mask_swa");
+    }
+    for (const target_layer & l : m.layers) {
+        if (!o.heads_for(l.n_head_kv)) {
+            ggml_tensor * h = dspark_graph_input(ctx, GGML_TYPE_I32, (int64_t) m.hp.n_head * n_tokens, 1, "inp_in_order_heads");
+            o.heads.emplace_back(l.n_head_kv, h);
+        }
+    }
+    return o;
 }
 
 // The graph's inputs, filled on the host after allocation.
@@ -129,10 +163,14 @@ static void sample_in_graph(const dspark_graph & g, target_graph & io, const dsp
 
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
-                                bool flash_attn, const dspark_sampler_shape * sampling) {
+                                bool flash_attn, const dspark_sampler_shape * sampling, int in_order_cells,
+                                int in_order_slots) {
     ggml_context * ctx = g.ctx;
     const target_hparams & hp = m.hp;
     target_graph io = graph_inputs(ctx, m, n_tokens, n_outputs, n_kv);
+    if (in_order_cells > 0) {
+        io.in_order = in_order_inputs(ctx, m, n_tokens, in_order_cells, in_order_slots);
+    }
 
     ggml_tensor * x = ggml_get_rows(ctx, m.tok_embd, io.tokens);  // [E, T]
     if (hp.embd_scale != 1.0f) {

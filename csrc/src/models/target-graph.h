@@ -7,6 +7,17 @@
 
 #include <vector>
 
+// The inputs of attention in sequence order (dspark_graph::attention_in_order), when the graph has it.
+struct target_in_order {
+    int64_t       n     = 0;        // cells per sequence slot (0: ggml's attention everywhere)
+    int32_t       slots = 0;        // sequence slots
+    ggml_tensor * cells = nullptr;  // I32 [n·slots]
+    ggml_tensor * mask  = nullptr;  // F32 [n, T]
+    ggml_tensor * mask_swa = nullptr;                  // F32 [n, T], the sliding layers' mask
+    std::vector<std::pair<int, ggml_tensor *>> heads;  // per KV head count Hkv of the layers: I32 [H·T]
+    ggml_tensor * heads_for(int n_head_kv) const;
+};
+
 struct target_graph {
     // inputs
     ggml_tensor * tokens  = nullptr;  // I32 [T]
@@ -15,6 +26,7 @@ struct target_graph {
     ggml_tensor * mask    = nullptr;  // F16 [n_kv, T]
     ggml_tensor * mask_swa = nullptr; // F16 [n_kv, T], the sliding layers' mask (null without them)
     ggml_tensor * out_ids = nullptr;  // I32 [n_outputs], null when every token is an output
+    target_in_order in_order;         // a cache on a device: batch-invariant attention
     // outputs
     ggml_tensor * logits   = nullptr; // [V, n_outputs]
     ggml_tensor * captured = nullptr; // [len(capture)·E, T]: residual stream entering each layer id
@@ -26,12 +38,14 @@ struct target_graph {
 // its inputs change), so consecutive decode steps and verify batches of one size reuse it.
 struct target_graph_key {
     int n_tokens = 0, n_outputs = 0, n_kv = 0;
+    int in_order_cells = 0, in_order_slots = 0;  // attention in sequence order over this many cells and slots
     std::vector<int32_t> capture;
     bool sampled = false;          // the output rows sampled in the graph, by a sampler of this shape
     dspark_sampler_shape sampler;
 
     bool operator==(const target_graph_key & o) const {
-        return n_tokens == o.n_tokens && n_outputs == o.n_outputs && n_kv == o.n_kv && capture == o.capture &&
+        return n_tokens == o.n_tokens && n_outputs == o.n_outputs && n_kv == o.n_kv &&
+               in_order_cells == o.in_order_cells && in_order_slots == o.in_order_slots && capture == o.capture &&
                sampled == o.sampled && sampler == o.sampler;
     }
 };
@@ -68,6 +82,9 @@ ggml_tensor * dspark_target_moe(const target_layer_io & c, int il, ggml_tensor *
 // models/llama.cpp: the pre-norm decoder layer that llama, qwen2 and qwen3 share.
 ggml_tensor * dspark_llama_layer(const target_layer_io & c, int il, ggml_tensor * x);
 
+// in_order_cells > 0: the layers whose cache is on a device attend in sequence order, over that
+// many cells in each of in_order_slots slots.
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
-                                bool flash_attn, const dspark_sampler_shape * sampling = nullptr);
+                                bool flash_attn, const dspark_sampler_shape * sampling = nullptr,
+                                int in_order_cells = 0, int in_order_slots = 0);
