@@ -265,11 +265,12 @@ def inv_models(tmp_path_factory):
     return out
 
 
-def _rows_alone_and_in_batches(model: Model, tokens: list[int], batches: list[int], prefix: int):
+def _rows_alone_and_in_batches(model: Model, tokens: list[int], batches: list[int], prefix: int, n_ctx: int = 128):
     """(batch size, row) of every row whose logits in a batch of tokens[prefix:prefix + N] (after the
     prefix, decoded once) differ from the same row decoded alone."""
-    ctx = Context(model, n_ctx=128, n_batch=64, n_threads=2, type_kv="f32")
-    ctx.decode(tokens[:prefix])
+    ctx = Context(model, n_ctx=n_ctx, n_batch=64, n_threads=2, type_kv="f32")
+    for i in range(0, prefix, 64):
+        ctx.decode(tokens[i:min(prefix, i + 64)])
     alone = []
     for t in tokens[prefix:prefix + max(batches)]:
         ctx.decode([t])
@@ -291,6 +292,14 @@ def test_rows_alone_and_in_any_batch_are_bit_identical_on_the_device(inv_models,
     tokens = [int(t) for t in np.random.default_rng(7).integers(0, INV_TARGET.n_vocab, INV_PREFIX + max(INV_BATCHES))]
     model = Model(inv_models[type_name], device=accel.index)
     assert _rows_alone_and_in_batches(model, tokens, INV_BATCHES, INV_PREFIX) == []
+
+
+def test_rows_whose_batch_crosses_a_padding_block_are_bit_identical_on_the_device(inv_models, accel):
+    """Positions 250..266: a verify block there attends over 512 padded cells where the decode steps
+    of its first rows attended over 256 (the padding adds exact zeros)."""
+    tokens = [int(t) for t in np.random.default_rng(8).integers(0, INV_TARGET.n_vocab, 270)]
+    model = Model(inv_models["q4_K"], device=accel.index)
+    assert _rows_alone_and_in_batches(model, tokens, [9, 17], 250, n_ctx=512) == []
 
 
 def test_a_sequences_rows_do_not_depend_on_where_its_cells_lie_on_the_device(inv_models, accel):

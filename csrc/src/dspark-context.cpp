@@ -145,24 +145,24 @@ int dspark_context::in_order_cells(int n_tokens, size_t longest) const {
     if (!device_cache || off || n_tokens * (int) hp().n_head > IN_ORDER_MAX_ROWS) {
         return 0;
     }
-    // Whole blocks of 256, and at least 1024: ggml-vulkan picks the matrix-vector workgroup size by
-    // the length of the rows on some vendors (at 1024), and all lengths here take one size.
-    const size_t n = (longest + 255) / 256 * 256;
-    return (int) std::max<size_t>(n, 1024);
+    return (int) std::max<size_t>(256, (longest + 255) / 256 * 256);  // whole blocks: fewer graphs
 }
 
 void dspark_context::set_in_order_inputs(const target_in_order & io, const dspark_kv_seq_cells & order,
                                          const dspark_batch & b) const {
-    const int T = b.n_tokens, n = (int) io.n, H = (int) hp().n_head;
-    std::vector<int32_t> cells((size_t) n * io.slots);
-    std::vector<float> mask((size_t) n * T);
-    kv.fill_in_order(order, n, T, b.pos, dspark_kv_mask_params(), cells.data(), mask.data());
-    dspark_set_input(io.cells, cells.data(), cells.size() * sizeof(int32_t));
+    const int T = b.n_tokens, H = (int) hp().n_head;
+    std::vector<int32_t> cells((size_t) io.n_v * io.slots);
+    dspark_kv_cache::fill_in_order_cells(order, (uint32_t) io.n, cells.data());
+    dspark_set_input(io.cells_k, cells.data(), sizeof(int32_t) * io.n * io.slots);
+    dspark_kv_cache::fill_in_order_cells(order, (uint32_t) io.n_v, cells.data());
+    dspark_set_input(io.cells_v, cells.data(), sizeof(int32_t) * io.n_v * io.slots);
+    std::vector<float> mask((size_t) io.n * T);
+    kv.fill_in_order_mask(order, (uint32_t) io.n, T, b.pos, dspark_kv_mask_params(), mask.data());
     dspark_set_input(io.mask, mask.data(), mask.size() * sizeof(float));
     if (io.mask_swa) {
         dspark_kv_mask_params swa;
         swa.n_swa = hp().n_swa;
-        kv.fill_in_order(order, n, T, b.pos, swa, cells.data(), mask.data());
+        kv.fill_in_order_mask(order, (uint32_t) io.n, T, b.pos, swa, mask.data());
         dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(float));
     }
     std::vector<int32_t> heads((size_t) H * T);

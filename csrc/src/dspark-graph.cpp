@@ -151,23 +151,27 @@ ggml_tensor * dspark_graph::attention(const dspark_kv_cache & kv, int il, ggml_t
 // reductions run over a row in an order fixed by the row's index (sum_rows; the max is exact), and a
 // sequence's cells are gathered in position order, so another sequence's cells, where they lie in
 // the cache and how long the padded rows are do not enter a row's arithmetic: padding adds exact
-// zeros (exp(-inf) = 0 times finite values).
-ggml_tensor * dspark_graph::attention_in_order(const dspark_kv_cache & kv, int il, ggml_tensor * q, ggml_tensor * cells,
-                                               ggml_tensor * mask, ggml_tensor * heads, int64_t n, int head_dim,
-                                               int n_head_kv, float scale) const {
-    const int64_t D = head_dim, Hkv = n_head_kv, H = q->ne[1], T = q->ne[2], S = cells->ne[0] / n;
-    // [D·Hkv, n·S] -> K [D, n, Hkv·S] and Vᵀ [n, D, Hkv·S]: one matrix per (slot, KV head)
-    ggml_tensor * k = ggml_reshape_4d(ctx, ggml_get_rows(ctx, kv.k[il], cells), D, Hkv, n, S);
-    ggml_tensor * v = ggml_reshape_4d(ctx, ggml_get_rows(ctx, kv.v[il], cells), D, Hkv, n, S);
+// zeros (exp(-inf) = 0 times finite values). The sums over V run over at least 1024 cells
+// (io.n_v): ggml-vulkan picks that shader's workgroup size by the length of its rows on some
+// vendors, switching at 1024.
+ggml_tensor * dspark_graph::attention_in_order(const dspark_kv_cache & kv, int il, ggml_tensor * q,
+                                               const dspark_in_order_io & io, int head_dim, int n_head_kv,
+                                               float scale) const {
+    const int64_t D = head_dim, Hkv = n_head_kv, H = q->ne[1], T = q->ne[2], n = io.n, n_v = io.n_v;
+    const int64_t S = io.cells_k->ne[0] / n;
+    // [D·Hkv, n·S] -> K [D, n, Hkv·S] and Vᵀ [n_v, D, Hkv·S]: one matrix per (slot, KV head)
+    ggml_tensor * k = ggml_reshape_4d(ctx, ggml_get_rows(ctx, kv.k[il], io.cells_k), D, Hkv, n, S);
+    ggml_tensor * v = ggml_reshape_4d(ctx, ggml_get_rows(ctx, kv.v[il], io.cells_v), D, Hkv, n_v, S);
     k = ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_permute(ctx, k, 0, 2, 1, 3)), D, n, Hkv * S);
-    v = ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3)), n, D, Hkv * S);
+    v = ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3)), n_v, D, Hkv * S);
 
     // scores [n, H·T, 1]: every query head of every token is one column of "token" 0
-    ggml_tensor * s = ggml_mul_mat_id(ctx, k, ggml_reshape_3d(ctx, q, D, H * T, 1), heads);
-    s = ggml_add(ctx, ggml_scale(ctx, ggml_reshape_3d(ctx, s, n, H, T), scale), ggml_reshape_3d(ctx, mask, n, 1, T));
+    ggml_tensor * s = ggml_mul_mat_id(ctx, k, ggml_reshape_3d(ctx, q, D, H * T, 1), io.heads);
+    s = ggml_add(ctx, ggml_scale(ctx, ggml_reshape_3d(ctx, s, n, H, T), scale), ggml_reshape_3d(ctx, io.mask, n, 1, T));
     ggml_tensor * m = ggml_pool_2d(ctx, s, GGML_OP_POOL_MAX, (int) n, 1, (int) n, 1, 0.0f, 0.0f);  // [1, H, T]
     ggml_tensor * e = ggml_exp(ctx, ggml_sub(ctx, s, m));                                         // [n, H, T]
-    ggml_tensor * o = ggml_mul_mat_id(ctx, v, ggml_reshape_3d(ctx, e, n, H * T, 1), heads);       // [D, H·T, 1]
+    ggml_tensor * e_v = n_v > n ? ggml_pad(ctx, e, (int) (n_v - n), 0, 0, 0) : e;                 // [n_v, H, T]
+    ggml_tensor * o = ggml_mul_mat_id(ctx, v, ggml_reshape_3d(ctx, e_v, n_v, H * T, 1), io.heads); // [D, H·T, 1]
     o = ggml_div(ctx, ggml_reshape_3d(ctx, o, D, H, T), ggml_sum_rows(ctx, e));
     return ggml_reshape_2d(ctx, o, D * H, T);
 }

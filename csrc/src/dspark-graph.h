@@ -20,6 +20,16 @@ struct dspark_moe {
     bool  gelu   = false;     // GELU (tanh) gate, else SiLU
 };
 
+// The inputs of dspark_graph::attention_in_order for S sequence slots (filled by
+// dspark_kv_cache::fill_in_order_cells / _mask).
+struct dspark_in_order_io {
+    int64_t       n = 0, n_v = 0;       // cells per slot of the scores, of the sums over V (n_v >= n)
+    ggml_tensor * cells_k = nullptr;    // I32 [n·S]: each slot's cells in position order
+    ggml_tensor * cells_v = nullptr;    // I32 [n_v·S]
+    ggml_tensor * mask    = nullptr;    // F32 [n, T]
+    ggml_tensor * heads   = nullptr;    // I32 [H·T]: the (slot, KV head) of each query head, slot·Hkv + h / (H / Hkv)
+};
+
 struct dspark_graph {
     ggml_context * ctx;
     ggml_cgraph *  gf;
@@ -53,12 +63,9 @@ struct dspark_graph {
 
     // The same attention for a cache on a device, computed so that a row's value depends only on
     // its own sequence (dspark-graph.cpp): every query attends to its sequence's cells gathered in
-    // position order, n per slot (cells I32 [n·S], mask F32 [n, T] from
-    // dspark_kv_cache::fill_in_order), through single-column products. heads I32 [H·T]: the
-    // (slot, KV head) each query head of each token reads, slot·Hkv + h / (H / Hkv).
-    ggml_tensor * attention_in_order(const dspark_kv_cache & kv, int il, ggml_tensor * q, ggml_tensor * cells,
-                                     ggml_tensor * mask, ggml_tensor * heads, int64_t n, int head_dim, int n_head_kv,
-                                     float scale) const;
+    // position order, through single-column products.
+    ggml_tensor * attention_in_order(const dspark_kv_cache & kv, int il, ggml_tensor * q, const dspark_in_order_io & io,
+                                     int head_dim, int n_head_kv, float scale) const;
 
     // down · (act(gate · x) ⊙ (up · x)), act = SiLU or GELU (tanh approximation).
     ggml_tensor * ffn(ggml_tensor * x, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down, bool gelu) const;

@@ -192,20 +192,23 @@ dspark_kv_seq_cells dspark_kv_cache::seq_cells(int32_t n_tokens, const int32_t *
     return sc;
 }
 
-void dspark_kv_cache::fill_in_order(const dspark_kv_seq_cells & sc, uint32_t n, int32_t n_tokens, const int32_t * pos,
-                                    const dspark_kv_mask_params & mp, int32_t * cells_out, float * mask_out) const {
+void dspark_kv_cache::fill_in_order_cells(const dspark_kv_seq_cells & sc, uint32_t n, int32_t * out) {
     for (size_t s = 0; s < sc.cells.size(); ++s) {
         const std::vector<int32_t> & list = sc.cells[s];
         for (uint32_t i = 0; i < n; ++i) {
-            cells_out[s * n + i] = i < list.size() ? list[i] : list[0];
+            out[s * n + i] = i < list.size() ? list[i] : list[0];
         }
     }
+}
+
+void dspark_kv_cache::fill_in_order_mask(const dspark_kv_seq_cells & sc, uint32_t n, int32_t n_tokens,
+                                         const int32_t * pos, const dspark_kv_mask_params & mp, float * out) const {
     for (int32_t t = 0; t < n_tokens; ++t) {
         const int32_t s = sc.slot[t];
         const std::vector<int32_t> & list = sc.cells[s];
         for (uint32_t i = 0; i < n; ++i) {
             const bool ok = i < list.size() && visible(cells[list[i]], pos[t], sc.seqs[s], mp);
-            mask_out[(size_t) t * n + i] = ok ? 0.0f : -INFINITY;
+            out[(size_t) t * n + i] = ok ? 0.0f : -INFINITY;
         }
     }
 }

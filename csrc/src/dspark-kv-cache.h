@@ -85,11 +85,12 @@ struct dspark_kv_cache {
 
     // The sequences of tokens seq[0 .. n_tokens) and their cells (the batch's own included).
     dspark_kv_seq_cells seq_cells(int32_t n_tokens, const int32_t * seq) const;
-    // For attention in sequence order over n cells per slot: cells_out [n, slots] lists each slot's
-    // cells, padded with its first cell; mask_out [n, n_tokens] is 0 where token t may attend to
-    // the cell in row t's slot and -inf elsewhere (padding included).
-    void fill_in_order(const dspark_kv_seq_cells & sc, uint32_t n, int32_t n_tokens, const int32_t * pos,
-                       const dspark_kv_mask_params & mp, int32_t * cells_out, float * mask_out) const;
+    // For attention in sequence order: out [n, slots] lists each slot's cells, padded with its
+    // first cell (n >= sc.longest()).
+    static void fill_in_order_cells(const dspark_kv_seq_cells & sc, uint32_t n, int32_t * out);
+    // out [n, n_tokens]: 0 where token t may attend to cell i of its slot, -inf elsewhere (padding too).
+    void fill_in_order_mask(const dspark_kv_seq_cells & sc, uint32_t n, int32_t n_tokens, const int32_t * pos,
+                            const dspark_kv_mask_params & mp, float * out) const;
 
     // Sequence operations: host bookkeeping only, no graph runs. p1 < 0 means "to the end".
     void    seq_rm(int32_t seq, int32_t p0, int32_t p1);

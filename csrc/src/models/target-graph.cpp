@@ -1,5 +1,6 @@
 #include "models/target-graph.h"
 
+#include <algorithm>
 #include <cmath>
 
 ggml_tensor * dspark_target_attention(const target_layer_io & c, int il, ggml_tensor * h, const target_attn_opts & opts) {
@@ -32,8 +33,7 @@ ggml_tensor * dspark_target_attention(const target_layer_io & c, int il, ggml_te
     ggml_tensor * a;  // [D·H, T]
     const target_in_order & o = c.io.in_order;
     if (o.n > 0 && !dspark_graph_cache_on_host(c.kv.k[l.kv_src])) {
-        a = g.attention_in_order(c.kv, l.kv_src, q, o.cells, l.swa ? o.mask_swa : o.mask, o.heads_for(l.n_head_kv), o.n,
-                                 (int) D, l.n_head_kv, scale);
+        a = g.attention_in_order(c.kv, l.kv_src, q, o.layer(l.n_head_kv, l.swa), (int) D, l.n_head_kv, scale);
     } else {
         ggml_tensor * mask = l.swa ? c.io.mask_swa : c.io.mask;
         a = g.attention(c.kv, l.kv_src, q, mask, c.n_kv, (int) D, l.n_head_kv, scale, c.flash);
@@ -66,26 +66,32 @@ ggml_tensor * dspark_target_moe(const target_layer_io & c, int il, ggml_tensor *
     return y;
 }
 
-ggml_tensor * target_in_order::heads_for(int n_head_kv) const {
+dspark_in_order_io target_in_order::layer(int n_head_kv, bool sliding) const {
+    dspark_in_order_io io;
+    io.n = n;
+    io.n_v = n_v;
+    io.cells_k = cells_k;
+    io.cells_v = cells_v;
+    io.mask = sliding ? mask_swa : mask;
     for (const auto & h : heads) {
-        if (h.first == n_head_kv) {
-            return h.second;
-        }
+        io.heads = h.first == n_head_kv ? h.second : io.heads;
     }
-    return nullptr;
+    return io;
 }
 
 static target_in_order in_order_inputs(ggml_context * ctx, const target_model & m, int n_tokens, int n, int slots) {
     target_in_order o;
     o.n = n;
+    o.n_v = std::max(n, 1024);  // see dspark_graph::attention_in_order
     o.slots = slots;
-    o.cells = dspark_graph_input(ctx, GGML_TYPE_I32, (int64_t) n * slots, 0, "inp_in_order_cells");
-    o.mask  = dspark_graph_input(ctx, GGML_TYPE_F32, n, n_tokens, "inp_in_order_mask");
+    o.cells_k = dspark_graph_input(ctx, GGML_TYPE_I32, o.n * slots, 0, "inp_in_order_cells_k");
+    o.cells_v = dspark_graph_input(ctx, GGML_TYPE_I32, o.n_v * slots, 0, "inp_in_order_cells_v");
+    o.mask = dspark_graph_input(ctx, GGML_TYPE_F32, n, n_tokens, "inp_in_order_mask");
     if (m.has_swa()) {
         o.mask_swa = dspark_graph_input(ctx, GGML_TYPE_F32, n, n_tokens, "inp_in_order_mask_swa");
     }
     for (const target_layer & l : m.layers) {
-        if (!o.heads_for(l.n_head_kv)) {
+        if (!o.layer(l.n_head_kv, false).heads) {
             ggml_tensor * h = dspark_graph_input(ctx, GGML_TYPE_I32, (int64_t) m.hp.n_head * n_tokens, 1, "inp_in_order_heads");
             o.heads.emplace_back(l.n_head_kv, h);
         }

@@ -9,13 +9,15 @@
 
 // The inputs of attention in sequence order (dspark_graph::attention_in_order), when the graph has it.
 struct target_in_order {
-    int64_t       n     = 0;        // cells per sequence slot (0: ggml's attention everywhere)
-    int32_t       slots = 0;        // sequence slots
-    ggml_tensor * cells = nullptr;  // I32 [n·slots]
-    ggml_tensor * mask  = nullptr;  // F32 [n, T]
-    ggml_tensor * mask_swa = nullptr;                  // F32 [n, T], the sliding layers' mask
+    int64_t       n = 0, n_v = 0, slots = 0;  // cells per slot (0: ggml's attention everywhere), slots
+    ggml_tensor * cells_k  = nullptr;         // I32 [n·slots]
+    ggml_tensor * cells_v  = nullptr;         // I32 [n_v·slots]
+    ggml_tensor * mask     = nullptr;         // F32 [n, T]
+    ggml_tensor * mask_swa = nullptr;         // F32 [n, T], the sliding layers' mask
     std::vector<std::pair<int, ggml_tensor *>> heads;  // per KV head count Hkv of the layers: I32 [H·T]
-    ggml_tensor * heads_for(int n_head_kv) const;
+
+    // The inputs of a layer with n_head_kv KV heads (sliding: its window's mask).
+    dspark_in_order_io layer(int n_head_kv, bool sliding) const;
 };
 
 struct target_graph {
@@ -83,7 +85,7 @@ ggml_tensor * dspark_target_moe(const target_layer_io & c, int il, ggml_tensor *
 ggml_tensor * dspark_llama_layer(const target_layer_io & c, int il, ggml_tensor * x);
 
 // in_order_cells > 0: the layers whose cache is on a device attend in sequence order, over that
-// many cells in each of in_order_slots slots.
+// many cells in each of in_order_slots slots (the sums over V over at least 1024).
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
                                 bool flash_attn, const dspark_sampler_shape * sampling = nullptr,
