@@ -122,6 +122,16 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
 // blocks stay far below it. DSPARK_DEVICE_ATTENTION=ggml keeps ggml's attention for every batch.
 constexpr int IN_ORDER_MAX_ROWS = 4096;
 
+bool dspark_context::attends_in_order(int n_tokens) const {
+    static const bool off = getenv("DSPARK_DEVICE_ATTENTION") && strcmp(getenv("DSPARK_DEVICE_ATTENTION"), "ggml") == 0;
+    return device_cache && !off && n_tokens * (int) hp().n_head <= IN_ORDER_MAX_ROWS;
+}
+
+// Cells per slot: whole blocks of 256, so that a graph serves 256 lengths.
+static int in_order_cells(size_t longest) {
+    return (int) std::max<size_t>(256, (longest + 255) / 256 * 256);
+}
+
 void dspark_context::reserve_worst_case() {
     ggml_context * ctx = compute.begin();
     ggml_cgraph * gf = compute.new_graph(ctx);
@@ -130,22 +140,14 @@ void dspark_context::reserve_worst_case() {
                        flash_attn);
     compute.reserve(gf);
     const int T = std::min((int) params.n_batch, IN_ORDER_MAX_ROWS / (int) hp().n_head);
-    if (in_order_cells(T, params.n_ctx) > 0) {  // the largest batch in sequence order, one sequence
+    if (attends_in_order(T)) {  // the largest batch in sequence order, one sequence
         ctx = compute.begin();
         gf = compute.new_graph(ctx);
         g = {ctx, gf, pad_odd_columns};
         build_target_graph(g, *model.target, kv, T, std::min(T, (int) n_outputs_max), (int) params.n_ctx, capture,
-                           flash_attn, nullptr, in_order_cells(T, params.n_ctx), 1);
+                           flash_attn, nullptr, in_order_cells(params.n_ctx), 1);
         compute.reserve(gf);
     }
-}
-
-int dspark_context::in_order_cells(int n_tokens, size_t longest) const {
-    static const bool off = getenv("DSPARK_DEVICE_ATTENTION") && strcmp(getenv("DSPARK_DEVICE_ATTENTION"), "ggml") == 0;
-    if (!device_cache || off || n_tokens * (int) hp().n_head > IN_ORDER_MAX_ROWS) {
-        return 0;
-    }
-    return (int) std::max<size_t>(256, (longest + 255) / 256 * 256);  // whole blocks: fewer graphs
 }
 
 void dspark_context::set_in_order_inputs(const target_in_order & io, const dspark_kv_seq_cells & order,
@@ -262,15 +264,15 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
         dspark_throw(DSPARK_STATUS_INTERNAL, "in-graph sampling of %zu rows for %d outputs", sampling->size(), n_out);
     }
 
-    dspark_kv_seq_cells order;
-    if (in_order_cells(T, 0) > 0) {
+    dspark_kv_seq_cells order;  // empty: ggml's attention
+    if (attends_in_order(T)) {
         order = kv.seq_cells(T, b.seq_id);
     }
     target_graph_key key;
     key.n_tokens = T;
     key.n_outputs = n_out;
     key.n_kv = n_kv;
-    key.in_order_cells = order.seqs.empty() ? 0 : in_order_cells(T, order.longest());
+    key.in_order_cells = order.seqs.empty() ? 0 : in_order_cells(order.longest());
     key.in_order_slots = (int) order.seqs.size();
     key.capture = capture;
     key.sampled = sampling != nullptr;

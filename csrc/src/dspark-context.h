@@ -38,9 +38,8 @@ struct dspark_context : dspark_runtime {
     void validate(const dspark_batch & batch, int32_t & n_out) const;
     void run(const dspark_batch & batch, const std::vector<int32_t> & slots, int32_t n_out, const dspark_sampler_rows * sampling);
     void reserve_worst_case();
-    // Cells per slot of attention in sequence order for a batch of n_tokens whose longest sequence
-    // has `longest` cells; 0 where the batch keeps ggml's attention.
-    int  in_order_cells(int n_tokens, size_t longest) const;
+    // Whether a batch of n_tokens attends in sequence order on the device (dspark_graph::attention_in_order).
+    bool attends_in_order(int n_tokens) const;
     void set_in_order_inputs(const target_in_order & io, const dspark_kv_seq_cells & order, const dspark_batch & b) const;
     bool                                device_cache = false;  // some layer's KV cache is not in host memory
     target_graph                        cached_io;     // of the graph in `graph`
