@@ -294,12 +294,14 @@ def test_rows_alone_and_in_any_batch_are_bit_identical_on_the_device(inv_models,
     assert _rows_alone_and_in_batches(model, tokens, INV_BATCHES, INV_PREFIX) == []
 
 
-def test_rows_whose_batch_crosses_a_padding_block_are_bit_identical_on_the_device(inv_models, accel):
-    """Positions 250..266: a verify block there attends over 512 padded cells where the decode steps
-    of its first rows attended over 256 (the padding adds exact zeros)."""
-    tokens = [int(t) for t in np.random.default_rng(8).integers(0, INV_TARGET.n_vocab, 270)]
+@pytest.mark.parametrize("prefix", [250, 1020])
+def test_rows_whose_batch_crosses_a_padding_block_are_bit_identical_on_the_device(inv_models, accel, prefix):
+    """A verify block that attends over more padded cells than the decode steps of its first rows:
+    at 250..266 Vulkan's 512 cells where they had 256, at 1020..1036 CUDA's 1536 where they had 1024
+    (the padding adds exact zeros)."""
+    tokens = [int(t) for t in np.random.default_rng(8).integers(0, INV_TARGET.n_vocab, prefix + 20)]
     model = Model(inv_models["q4_K"], device=accel.index)
-    assert _rows_alone_and_in_batches(model, tokens, [9, 17], 250, n_ctx=512) == []
+    assert _rows_alone_and_in_batches(model, tokens, [9, 17], prefix, n_ctx=prefix + 32) == []
 
 
 def test_a_sequences_rows_do_not_depend_on_where_its_cells_lie_on_the_device(inv_models, accel):

@@ -79,6 +79,12 @@ endif()
 if (NOT DEFINED GGML_RPC)
     set(GGML_RPC ON CACHE BOOL "")
 endif()
+# CUDA graphs: ggml's default leaves them off, llama.cpp turns them on; a decode step of a small
+# model is hundreds of launches, and a replayed graph saves most of their cost (GGML_CUDA_GRAPHS=OFF
+# on the command line still turns them off).
+if (GGML_CUDA AND NOT DEFINED GGML_CUDA_GRAPHS)
+    set(GGML_CUDA_GRAPHS ON CACHE BOOL "ggml: use CUDA graphs")
+endif()
 set(BUILD_SHARED_LIBS ON CACHE BOOL "" FORCE)
 set(GGML_BUILD_TESTS OFF CACHE BOOL "" FORCE)
 set(GGML_BUILD_EXAMPLES OFF CACHE BOOL "" FORCE)

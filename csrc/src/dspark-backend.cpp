@@ -101,6 +101,21 @@ bool dspark_device_is_cpu(ggml_backend_dev_t dev) {
     return ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU;
 }
 
+dspark_device_rules dspark_device_rules_of(ggml_backend_dev_t dev) {
+    if (!dev || dspark_device_is_cpu(dev)) {
+        // read each time (not cached): a test switches it around the contexts it makes
+        const char * forced = getenv("DSPARK_DEVICE_RULES");
+        const bool cuda = forced && strcmp(forced, "cuda") == 0, vulkan = forced && strcmp(forced, "vulkan") == 0;
+        return cuda ? dspark_device_rules::cuda : vulkan ? dspark_device_rules::vulkan : dspark_device_rules::cpu;
+    }
+    ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+    const char * name = reg ? ggml_backend_reg_name(reg) : "";
+    if (strcmp(name, "Vulkan") == 0) {
+        return dspark_device_rules::vulkan;
+    }
+    return strcmp(name, "CUDA") == 0 ? dspark_device_rules::cuda : dspark_device_rules::other;
+}
+
 ggml_backend_dev_t dspark_device_cpu() {
     dspark_backends_load();
     ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);

@@ -16,6 +16,14 @@ ggml_backend_dev_t dspark_device_pick(int32_t index);  // -1: first GPU, else CP
 ggml_backend_dev_t dspark_device_cpu();                // throws if the build has no CPU backend
 bool               dspark_device_is_cpu(ggml_backend_dev_t dev);
 
+// Whose kernels a device runs, which decides how graphs lay out their batch-invariant products
+// (dspark-matmul.h, dspark_graph::attention_in_order): the CPU's, ggml-vulkan's, ggml-cuda's or
+// another backend's. DSPARK_DEVICE_RULES=cuda (or vulkan) makes the CPU answer so: the CPU then runs
+// the graphs that device gets (attention in sequence order, the forms of the products; a CUDA
+// device's matmul plans), which is how the tests check those graphs' math and ids without a GPU.
+enum class dspark_device_rules { cpu, vulkan, cuda, other };
+dspark_device_rules dspark_device_rules_of(ggml_backend_dev_t dev);  // dev null: a host buffer (cpu)
+
 // Initialise a backend on a device; throws with the device name on failure.
 ggml_backend_t dspark_backend_init(ggml_backend_dev_t dev);
 void           dspark_backend_set_threads(ggml_backend_t backend, int n_threads);

@@ -1,5 +1,7 @@
 #include "dspark-compute.h"
 
+#include "dspark-mul-mat-id-check.h"
+
 #include <algorithm>
 
 #include "dspark-backend.h"
@@ -138,9 +140,34 @@ void dspark_compute::alloc(ggml_cgraph * gf) {
     }
 }
 
+// The eval callback: waits for every node when sync_nodes (sync_every_node), and under
+// DSPARK_CHECK_MUL_MAT_ID checks each mul_mat_id's ids as the node runs (they may be overwritten later).
+bool dspark_compute::observe_node(ggml_tensor * t, bool ask, void * self) {
+    dspark_compute * c = (dspark_compute *) self;
+    if (ask) {
+        return c->sync_nodes || (c->checking_ids && t->op == GGML_OP_MUL_MAT_ID);
+    }
+    if (c->sync_nodes || c->checking_ids) {
+        ggml_backend_synchronize(c->backend);
+    }
+    if (c->checking_ids && t->op == GGML_OP_MUL_MAT_ID && c->id_violation.empty()) {
+        std::vector<int32_t> ids(ggml_nbytes(t->src[2]) / sizeof(int32_t));
+        ggml_backend_tensor_get(t->src[2], ids.data(), 0, ggml_nbytes(t->src[2]));
+        c->id_violation = dspark_mul_mat_id_violation(t, ids.data(), c->id_rules);
+    }
+    return true;
+}
+
 void dspark_compute::compute(ggml_cgraph * gf) {
     dspark_rpc_check_alive(devices);
+    checking_ids = dspark_mul_mat_id_check_on(dspark_device_rules_of(ggml_backend_get_device(backend)), id_rules);
+    id_violation.clear();
+    const bool observe = sync_nodes || checking_ids;
+    ggml_backend_sched_set_eval_callback(sched, observe ? observe_node : nullptr, observe ? this : nullptr);
     const ggml_status st = ggml_backend_sched_graph_compute(sched, gf);
+    if (!id_violation.empty()) {
+        dspark_throw(DSPARK_STATUS_INTERNAL, "%s", id_violation.c_str());
+    }
     if (st == GGML_STATUS_ABORTED) {
         dspark_throw(DSPARK_STATUS_ABORTED, "computation aborted");
     }
@@ -172,13 +199,6 @@ void dspark_abort_request::forget(dspark_compute * c) {
 
 // Observing every node makes the scheduler submit the graph one node at a time, and the callback
 // waits for each before the next is submitted.
-static bool sync_node(ggml_tensor * /*t*/, bool ask, void * self) {
-    if (!ask) {
-        ggml_backend_synchronize(((dspark_compute *) self)->backend);
-    }
-    return true;
-}
-
 void dspark_compute::sync_every_node() {
-    ggml_backend_sched_set_eval_callback(sched, sync_node, this);
+    sync_nodes = true;
 }

@@ -4,10 +4,13 @@
 // compute buffer is reallocated unless a graph outgrows the reservation.
 #pragma once
 
+#include "dspark-backend.h"
+
 #include "ggml-backend.h"
 #include "ggml.h"
 
 #include <atomic>
+#include <string>
 #include <vector>
 
 typedef bool (*dspark_abort_fn)(void * data);
@@ -69,7 +72,12 @@ struct dspark_compute {
     dspark_abort_fn      abort_fn   = nullptr;
     void *               abort_data = nullptr;
     const std::atomic<bool> * abort_flag = nullptr;
+    bool                 sync_nodes   = false;  // sync_every_node
+    bool                 checking_ids = false;  // DSPARK_CHECK_MUL_MAT_ID, during compute, by id_rules
+    dspark_device_rules  id_rules = dspark_device_rules::cpu;
+    std::string          id_violation;          // the first broken mul_mat_id rule of the last compute
     static bool          abort_trampoline(void * self);
+    static bool          observe_node(ggml_tensor * t, bool ask, void * self);
     void                 install_abort();
 };
 

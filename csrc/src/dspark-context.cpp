@@ -111,25 +111,68 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     pad_odd_columns = dspark_device_is_cpu(model.device());
     for (ggml_tensor * k : kv.k) {
         device_cache = device_cache || (k && !dspark_graph_cache_on_host(k));
+        host_cache = host_cache || (k && dspark_graph_cache_on_host(k));
     }
     logits.resize((size_t) n_outputs_max * hp().n_vocab);
     reserve_worst_case();
 }
 
 // On a device, attention runs in sequence order (dspark_graph::attention_in_order) for batches of at
-// most this many query rows (tokens times heads): its scores take n·rows floats, where ggml's flash
-// attention keeps none, so a long prompt is better off with the latter. Decode steps and verify
+// most this many query rows (query columns times heads): its scores take n·rows floats, where ggml's
+// flash attention keeps none, so a long prompt is better off with the latter. Decode steps and verify
 // blocks stay far below it. DSPARK_DEVICE_ATTENTION=ggml keeps ggml's attention for every batch.
 constexpr int IN_ORDER_MAX_ROWS = 4096;
 
-bool dspark_context::attends_in_order(int n_tokens) const {
+bool dspark_context::in_order_possible() const {
     static const bool off = getenv("DSPARK_DEVICE_ATTENTION") && strcmp(getenv("DSPARK_DEVICE_ATTENTION"), "ggml") == 0;
-    return device_cache && !off && n_tokens * (int) hp().n_head <= IN_ORDER_MAX_ROWS;
+    return !off && (device_cache || dspark_device_rules_of(model.device()) != dspark_device_rules::cpu);
 }
 
-// Cells per slot: whole blocks of 256, so that a graph serves 256 lengths.
-static int in_order_cells(size_t longest) {
-    return (int) std::max<size_t>(256, (longest + 255) / 256 * 256);
+bool dspark_context::in_order_by_channels() const {
+    return dspark_device_rules_of(model.device()) == dspark_device_rules::cuda;
+}
+
+// Cells per slot: whole blocks of 256, so that a graph serves 256 lengths; by channels whole blocks
+// of 512 and at least 1024 (dspark_graph::in_order_by_channels: ggml-cuda's softmax and mmvf then
+// add a row's cells in one order, whatever its length).
+static int in_order_cells(size_t longest, bool by_channels) {
+    const size_t block = by_channels ? 512 : 256, least = by_channels ? 1024 : 256;
+    return (int) std::max<size_t>(least, (longest + block - 1) / block * block);
+}
+
+// The most tokens one slot of `order` has in the batch.
+static int most_per_slot(const dspark_kv_seq_cells & order) {
+    std::vector<int> count(order.seqs.size(), 0);
+    int most = 0;
+    for (int32_t s : order.slot) {
+        most = std::max(most, ++count[(size_t) s]);
+    }
+    return most;
+}
+
+// Whether the batch's tokens already are the by-channels layout: slot s's per_slot tokens at s·per_slot...
+static bool in_batch_order(const dspark_kv_seq_cells & order, int per_slot) {
+    if ((int) order.slot.size() != (int) order.seqs.size() * per_slot) {
+        return false;
+    }
+    for (size_t t = 0; t < order.slot.size(); ++t) {
+        if (order.slot[t] != (int32_t) (t / (size_t) per_slot)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+target_in_order_shape dspark_context::in_order_shape(const dspark_kv_seq_cells & order) const {
+    target_in_order_shape shape;
+    const int slots = (int) order.seqs.size();
+    const int per_slot = in_order_by_channels() ? most_per_slot(order) : 0;
+    const int queries = per_slot > 0 ? slots * per_slot : (int) order.slot.size();
+    if (slots > 0 && queries * (int) hp().n_head <= IN_ORDER_MAX_ROWS) {
+        shape = {in_order_cells(order.longest(), per_slot > 0), slots, per_slot,
+                 per_slot > 0 && in_batch_order(order, per_slot), !device_cache};
+    }
+    return shape;
 }
 
 void dspark_context::reserve_worst_case() {
@@ -140,13 +183,41 @@ void dspark_context::reserve_worst_case() {
                        flash_attn);
     compute.reserve(gf);
     const int T = std::min((int) params.n_batch, IN_ORDER_MAX_ROWS / (int) hp().n_head);
-    if (attends_in_order(T)) {  // the largest batch in sequence order, one sequence
+    if (in_order_possible() && T > 0) {  // the largest batch in sequence order, one sequence
+        const bool by_channels = in_order_by_channels();
+        const target_in_order_shape shape = {in_order_cells(params.n_ctx, by_channels), 1, by_channels ? T : 0, false,
+                                             !device_cache};
         ctx = compute.begin();
         gf = compute.new_graph(ctx);
         g = {ctx, gf, pad_odd_columns};
         build_target_graph(g, *model.target, kv, T, std::min(T, (int) n_outputs_max), (int) params.n_ctx, capture,
-                           flash_attn, nullptr, in_order_cells(params.n_ctx), 1);
+                           flash_attn, nullptr, shape);
         compute.reserve(gf);
+    }
+}
+
+// The inputs of by-channels attention: the query column of each token (slot·R + its rank among its
+// slot's tokens), the token of each column (an unused column repeats its slot's first token, so it
+// computes a real row, which nothing reads), and the mask rows of the columns.
+static void fill_in_order_columns(const dspark_kv_seq_cells & order, int per_slot, int n, const std::vector<float> & mask_rows,
+                                  std::vector<int32_t> & columns, std::vector<int32_t> & rows, std::vector<float> & mask) {
+    const int T = (int) order.slot.size(), C = (int) order.seqs.size() * per_slot;
+    columns.assign((size_t) C, -1);
+    rows.assign((size_t) T, 0);
+    std::vector<int> count(order.seqs.size(), 0);
+    for (int t = 0; t < T; ++t) {
+        const int s = order.slot[(size_t) t];
+        rows[(size_t) t] = s * per_slot + count[(size_t) s]++;
+        columns[(size_t) rows[(size_t) t]] = t;
+    }
+    for (int c = 0; c < C; ++c) {
+        if (columns[(size_t) c] < 0) {
+            columns[(size_t) c] = columns[(size_t) (c - c % per_slot)];
+        }
+    }
+    mask.resize((size_t) C * n);
+    for (int c = 0; c < C; ++c) {
+        std::copy_n(mask_rows.begin() + (size_t) columns[(size_t) c] * n, n, mask.begin() + (size_t) c * n);
     }
 }
 
@@ -156,16 +227,31 @@ void dspark_context::set_in_order_inputs(const target_in_order & io, const dspar
     std::vector<int32_t> cells((size_t) io.n_v * io.slots);
     dspark_kv_cache::fill_in_order_cells(order, (uint32_t) io.n, cells.data());
     dspark_set_input(io.cells_k, cells.data(), sizeof(int32_t) * io.n * io.slots);
-    dspark_kv_cache::fill_in_order_cells(order, (uint32_t) io.n_v, cells.data());
-    dspark_set_input(io.cells_v, cells.data(), sizeof(int32_t) * io.n_v * io.slots);
+    if (io.cells_v) {
+        dspark_kv_cache::fill_in_order_cells(order, (uint32_t) io.n_v, cells.data());
+        dspark_set_input(io.cells_v, cells.data(), sizeof(int32_t) * io.n_v * io.slots);
+    }
     std::vector<float> mask((size_t) io.n * T);
-    kv.fill_in_order_mask(order, (uint32_t) io.n, T, b.pos, dspark_kv_mask_params(), mask.data());
-    dspark_set_input(io.mask, mask.data(), mask.size() * sizeof(float));
-    if (io.mask_swa) {
-        dspark_kv_mask_params swa;
-        swa.n_swa = hp().n_swa;
-        kv.fill_in_order_mask(order, (uint32_t) io.n, T, b.pos, swa, mask.data());
-        dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(float));
+    std::vector<int32_t> columns, rows;
+    std::vector<float> column_mask;
+    for (ggml_tensor * input : {io.mask, io.mask_swa}) {
+        if (!input) {
+            continue;
+        }
+        dspark_kv_mask_params mp;
+        mp.n_swa = input == io.mask_swa ? hp().n_swa : 0;
+        kv.fill_in_order_mask(order, (uint32_t) io.n, T, b.pos, mp, mask.data());
+        if (io.per_slot > 0) {
+            fill_in_order_columns(order, (int) io.per_slot, (int) io.n, mask, columns, rows, column_mask);
+            dspark_set_input(input, column_mask.data(), column_mask.size() * sizeof(float));
+        } else {
+            dspark_set_input(input, mask.data(), mask.size() * sizeof(float));
+        }
+    }
+    if (io.per_slot > 0) {
+        dspark_set_input(io.columns, columns.data(), columns.size() * sizeof(int32_t));
+        dspark_set_input(io.rows, rows.data(), rows.size() * sizeof(int32_t));
+        return;
     }
     std::vector<int32_t> heads((size_t) H * T);
     for (const auto & h : io.heads) {
@@ -265,23 +351,27 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
     }
 
     dspark_kv_seq_cells order;  // empty: ggml's attention
-    if (attends_in_order(T)) {
+    target_in_order_shape in_order;
+    if (in_order_possible()) {
         order = kv.seq_cells(T, b.seq_id);
+        in_order = in_order_shape(order);
     }
+    // when every layer attends in sequence order, no graph reads the mask over the whole cache: one
+    // graph then serves every cache extent within its 256-cell blocks
+    const bool all_in_order = in_order.cells > 0 && (in_order.host_too || !host_cache);
     target_graph_key key;
     key.n_tokens = T;
     key.n_outputs = n_out;
-    key.n_kv = n_kv;
-    key.in_order_cells = order.seqs.empty() ? 0 : in_order_cells(order.longest());
-    key.in_order_slots = (int) order.seqs.size();
+    key.n_kv = all_in_order ? 1 : n_kv;
+    key.in_order = in_order;
     key.capture = capture;
     key.sampled = sampling != nullptr;
     if (sampling) {
         key.sampler = sampling->shape(hp().n_vocab);
     }
     ggml_cgraph * gf = graph_for(graph, key, [&](const dspark_graph & g) {
-        cached_io = build_target_graph(g, *model.target, kv, T, n_out, n_kv, capture, flash_attn,
-                                       key.sampled ? &key.sampler : nullptr, key.in_order_cells, key.in_order_slots);
+        cached_io = build_target_graph(g, *model.target, kv, T, n_out, key.n_kv, capture, flash_attn,
+                                       key.sampled ? &key.sampler : nullptr, key.in_order);
     });
     const target_graph & io = cached_io;
     if (sampling) {
@@ -293,14 +383,16 @@ void dspark_context::run(const dspark_batch & b, const std::vector<int32_t> & sl
     dspark_set_input(io.pos, b.pos, sizeof(int32_t) * T);
     std::vector<int64_t> idx(slots.begin(), slots.end());
     dspark_set_input(io.kv_idx, idx.data(), sizeof(int64_t) * T);
-    std::vector<ggml_fp16_t> mask((size_t) n_kv * T);
-    kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, dspark_kv_mask_params());
-    dspark_set_input(io.mask, mask.data(), mask.size() * sizeof(ggml_fp16_t));
-    if (io.mask_swa) {
-        dspark_kv_mask_params swa;
-        swa.n_swa = hp().n_swa;
-        kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, swa);
-        dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
+    if (!all_in_order) {
+        std::vector<ggml_fp16_t> mask((size_t) n_kv * T);
+        kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, dspark_kv_mask_params());
+        dspark_set_input(io.mask, mask.data(), mask.size() * sizeof(ggml_fp16_t));
+        if (io.mask_swa) {
+            dspark_kv_mask_params swa;
+            swa.n_swa = hp().n_swa;
+            kv.fill_mask(mask.data(), n_kv, T, b.pos, b.seq_id, swa);
+            dspark_set_input(io.mask_swa, mask.data(), mask.size() * sizeof(ggml_fp16_t));
+        }
     }
     if (io.in_order.n > 0) {
         set_in_order_inputs(io.in_order, order, b);

@@ -38,10 +38,16 @@ struct dspark_context : dspark_runtime {
     void validate(const dspark_batch & batch, int32_t & n_out) const;
     void run(const dspark_batch & batch, const std::vector<int32_t> & slots, int32_t n_out, const dspark_sampler_rows * sampling);
     void reserve_worst_case();
-    // Whether a batch of n_tokens attends in sequence order on the device (dspark_graph::attention_in_order).
-    bool attends_in_order(int n_tokens) const;
+    // Whether batches may attend in sequence order (dspark_graph::attention_in_order): a cache on a
+    // device, or DSPARK_DEVICE_RULES=cuda; and how its queries are laid out (by channels on CUDA).
+    bool in_order_possible() const;
+    bool in_order_by_channels() const;
+    // How a batch whose sequences' cells are `order` attends in sequence order (cells 0: it does not,
+    // too many query rows for it).
+    target_in_order_shape in_order_shape(const dspark_kv_seq_cells & order) const;
     void set_in_order_inputs(const target_in_order & io, const dspark_kv_seq_cells & order, const dspark_batch & b) const;
     bool                                device_cache = false;  // some layer's KV cache is not in host memory
+    bool                                host_cache = false;    // some layer's KV cache is in host memory
     target_graph                        cached_io;     // of the graph in `graph`
     dspark_graph_cache<target_graph_key> graph;
 };

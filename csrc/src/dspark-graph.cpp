@@ -39,6 +39,10 @@ ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * s
     const int64_t n = x->ne[1];
     const bool plain_2d = x->ne[2] == 1 && x->ne[3] == 1 && ggml_n_dims(w) <= 2;
     dspark_mm_plan plan = ggml_n_dims(w) <= 2 ? dspark_matmul_plan_of(w) : dspark_mm_plan{};
+    if (plan.route == dspark_mm_route::channels) {
+        ggml_tensor * y = dspark_matmul_channels(ctx, w, x, plan);  // CUDA: the same columns per channel in any batch
+        return scale ? ggml_mul(ctx, y, scale) : y;
+    }
     if (!plain_2d && plan.route == dspark_mm_route::quads) {
         // a repacked weight computes any batch exactly only through its plan: as one 2-D batch
         ggml_tensor * x2 = ggml_reshape_2d(ctx, ggml_cont(ctx, x), x->ne[0], ggml_nelements(x) / x->ne[0]);
@@ -72,6 +76,9 @@ ggml_tensor * dspark_graph::mm_id(ggml_tensor * experts, ggml_tensor * x, ggml_t
     const dspark_mm_plan plan = dspark_matmul_plan_of(experts, true);
     if (plan.route == dspark_mm_route::groups) {
         return dspark_matmul_id_groups(ctx, experts, x, ids, plan);  // a device: tokens in groups, likewise
+    }
+    if (plan.route == dspark_mm_route::channels) {
+        return dspark_matmul_id_channels(ctx, experts, x, ids);  // CUDA: each (token, expert) one channel
     }
     if (plan.route != dspark_mm_route::ggml) {
         // ggml picks a kernel per expert by how many rows chose it: one row at a time instead
@@ -145,35 +152,73 @@ ggml_tensor * dspark_graph::attention(const dspark_kv_cache & kv, int il, ggml_t
 
 // Why not ggml's flash attention on a device: ggml-vulkan splits the cells into parts whose number
 // follows the batch's shape and the device's core count, and its softmax and matrix-vector shaders
-// change workgroup size with the row length, so a verify row and the decode step it replaces add in
-// other orders. Here each product is a single column (ggml_mul_mat_id over one token, one "expert"
-// per sequence slot and KV head: the matrix-vector shaders, which compute each column alone), the
-// reductions run over a row in an order fixed by the row's index (sum_rows; the max is exact), and a
+// change workgroup size with the row length; ggml-cuda picks its kernel by the number of queries and
+// splits the cells by the grid it fills. So a verify row and the decode step it replaces add in other
+// orders. Here each product is a single column (a matrix-vector kernel, which computes each column
+// alone), the reductions run over a row in an order fixed by the row's index (the max is exact), and a
 // sequence's cells are gathered in position order, so another sequence's cells, where they lie in
 // the cache and how long the padded rows are do not enter a row's arithmetic: padding adds exact
-// zeros (exp(-inf) = 0 times finite values). The sums over V run over at least 1024 cells
-// (io.n_v): ggml-vulkan picks that shader's workgroup size by the length of its rows on some
-// vendors, switching at 1024.
+// zeros (exp(-inf) = 0 times finite values). The sums over V run over at least 1024 cells (io.n_v):
+// ggml-vulkan picks that shader's workgroup size by the length of its rows on some vendors,
+// switching at 1024, and ggml-cuda's mmvf by it (its 256-thread block from 512 values on, on whole
+// blocks of 512: it takes the block that needs the fewest passes, smallest first, 224 at 1280).
 ggml_tensor * dspark_graph::attention_in_order(const dspark_kv_cache & kv, int il, ggml_tensor * q,
                                                const dspark_in_order_io & io, int head_dim, int n_head_kv,
                                                float scale) const {
+    return io.per_slot > 0 ? in_order_by_channels(kv, il, q, io, head_dim, n_head_kv, scale)
+                           : in_order_by_ids(kv, il, q, io, head_dim, n_head_kv, scale);
+}
+
+// Each slot's cells in position order: K [D, n, Hkv, S] and Vᵀ [n_v, D, Hkv, S].
+static ggml_tensor * cells_in_order(ggml_context * ctx, ggml_tensor * cache, ggml_tensor * cells, int64_t D, int64_t Hkv,
+                                    int64_t n, bool transposed) {
+    const int64_t S = cells->ne[0] / n;
+    ggml_tensor * c = ggml_reshape_4d(ctx, ggml_get_rows(ctx, cache, cells), D, Hkv, n, S);  // [D·Hkv, n·S] as 4-D
+    return ggml_cont(ctx, transposed ? ggml_permute(ctx, c, 1, 2, 0, 3) : ggml_permute(ctx, c, 0, 2, 1, 3));
+}
+
+// ggml-vulkan's form: every query head of every token is one column of "token" 0 of a mul_mat_id
+// whose experts are the (slot, KV head) matrices.
+ggml_tensor * dspark_graph::in_order_by_ids(const dspark_kv_cache & kv, int il, ggml_tensor * q,
+                                            const dspark_in_order_io & io, int head_dim, int n_head_kv,
+                                            float scale) const {
     const int64_t D = head_dim, Hkv = n_head_kv, H = q->ne[1], T = q->ne[2], n = io.n, n_v = io.n_v;
     const int64_t S = io.cells_k->ne[0] / n;
-    // [D·Hkv, n·S] -> K [D, n, Hkv·S] and Vᵀ [n_v, D, Hkv·S]: one matrix per (slot, KV head)
-    ggml_tensor * k = ggml_reshape_4d(ctx, ggml_get_rows(ctx, kv.k[il], io.cells_k), D, Hkv, n, S);
-    ggml_tensor * v = ggml_reshape_4d(ctx, ggml_get_rows(ctx, kv.v[il], io.cells_v), D, Hkv, n_v, S);
-    k = ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_permute(ctx, k, 0, 2, 1, 3)), D, n, Hkv * S);
-    v = ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_permute(ctx, v, 1, 2, 0, 3)), n_v, D, Hkv * S);
+    ggml_tensor * k = ggml_reshape_3d(ctx, cells_in_order(ctx, kv.k[il], io.cells_k, D, Hkv, n, false), D, n, Hkv * S);
+    ggml_tensor * v = ggml_reshape_3d(ctx, cells_in_order(ctx, kv.v[il], io.cells_v, D, Hkv, n_v, true), n_v, D, Hkv * S);
 
-    // scores [n, H·T, 1]: every query head of every token is one column of "token" 0
+    // scores [n, H·T, 1]
     ggml_tensor * s = ggml_mul_mat_id(ctx, k, ggml_reshape_3d(ctx, q, D, H * T, 1), io.heads);
+    ggml_set_name(s, "in_order_scores");
     s = ggml_add(ctx, ggml_scale(ctx, ggml_reshape_3d(ctx, s, n, H, T), scale), ggml_reshape_3d(ctx, io.mask, n, 1, T));
     ggml_tensor * m = ggml_pool_2d(ctx, s, GGML_OP_POOL_MAX, (int) n, 1, (int) n, 1, 0.0f, 0.0f);  // [1, H, T]
     ggml_tensor * e = ggml_exp(ctx, ggml_sub(ctx, s, m));                                         // [n, H, T]
     ggml_tensor * e_v = n_v > n ? ggml_pad(ctx, e, (int) (n_v - n), 0, 0, 0) : e;                 // [n_v, H, T]
     ggml_tensor * o = ggml_mul_mat_id(ctx, v, ggml_reshape_3d(ctx, e_v, n_v, H * T, 1), io.heads); // [D, H·T, 1]
+    ggml_set_name(o, "in_order_sums_v");
     o = ggml_div(ctx, ggml_reshape_3d(ctx, o, D, H, T), ggml_sum_rows(ctx, e));
     return ggml_reshape_2d(ctx, o, D * H, T);
+}
+
+// ggml-cuda's form: the queries in columns slot·R + r, each product a matmul of one column per
+// channel (head) and sample (query column), K and V broadcast over a slot's heads and queries (mmvf,
+// whose block follows the row length alone), and the softmax ggml's: with rows of at least 1024
+// cells its block is always 1024 threads, each adding its cells in order, so the cells past a
+// sequence (masked, exp 0) add exact zeros. Scores and sums run over the same n cells (io.n_v = n).
+ggml_tensor * dspark_graph::in_order_by_channels(const dspark_kv_cache & kv, int il, ggml_tensor * q,
+                                                 const dspark_in_order_io & io, int head_dim, int n_head_kv,
+                                                 float scale) const {
+    const int64_t D = head_dim, Hkv = n_head_kv, H = q->ne[1], T = q->ne[2], n = io.n;
+    const int64_t C = io.columns ? io.columns->ne[0] : T;  // S·R query columns
+    ggml_tensor * k = cells_in_order(ctx, kv.k[il], io.cells_k, D, Hkv, n, false);   // [D, n, Hkv, S]
+    ggml_tensor * v = cells_in_order(ctx, kv.v[il], io.cells_k, D, Hkv, n, true);    // [n, D, Hkv, S]
+    q = ggml_reshape_2d(ctx, ggml_is_contiguous(q) ? q : ggml_cont(ctx, q), D * H, T);
+    ggml_tensor * qc = ggml_reshape_4d(ctx, io.columns ? ggml_get_rows(ctx, q, io.columns) : q, D, 1, H, C);
+
+    ggml_tensor * s = ggml_mul_mat(ctx, k, qc);                                          // [n, 1, H, S·R]
+    ggml_tensor * p = ggml_soft_max_ext(ctx, s, ggml_reshape_4d(ctx, io.mask, n, 1, 1, C), scale, 0.0f);
+    ggml_tensor * o = ggml_reshape_2d(ctx, ggml_mul_mat(ctx, v, p), D * H, C);            // [D·H, S·R]
+    return io.rows ? ggml_get_rows(ctx, o, io.rows) : o;                                 // [D·H, T]
 }
 
 ggml_tensor * dspark_graph::ffn(ggml_tensor * x, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down, bool gelu) const {

@@ -21,13 +21,23 @@ struct dspark_moe {
 };
 
 // The inputs of dspark_graph::attention_in_order for S sequence slots (filled by
-// dspark_kv_cache::fill_in_order_cells / _mask).
+// dspark_kv_cache::fill_in_order_cells / _mask). Two forms, by the device's kernels:
+//   by ids       (per_slot 0) single-column products as ggml_mul_mat_id over one token, one "expert"
+//                per (slot, KV head): ggml-vulkan's matrix-vector shaders.
+//   by channels  (per_slot R > 0) the queries laid out R per slot, and products as matmuls of one
+//                column per channel, the cells broadcast over a slot's queries and heads: ggml-cuda's
+//                one-column kernel (mmvf), whose mul_mat_id would sort a row that repeats an id; the
+//                softmax is ggml's, over n = n_v cells (whole blocks of 512, at least 1024).
 struct dspark_in_order_io {
     int64_t       n = 0, n_v = 0;       // cells per slot of the scores, of the sums over V (n_v >= n)
+    int64_t       per_slot = 0;         // by channels: query columns per slot (R), else 0
     ggml_tensor * cells_k = nullptr;    // I32 [n·S]: each slot's cells in position order
-    ggml_tensor * cells_v = nullptr;    // I32 [n_v·S]
-    ggml_tensor * mask    = nullptr;    // F32 [n, T]
-    ggml_tensor * heads   = nullptr;    // I32 [H·T]: the (slot, KV head) of each query head, slot·Hkv + h / (H / Hkv)
+    ggml_tensor * cells_v = nullptr;    // by ids: I32 [n_v·S]
+    ggml_tensor * mask    = nullptr;    // F32 [n, T] (by channels: [n, S·R], a row per query column)
+    ggml_tensor * heads   = nullptr;    // by ids: I32 [H·T], the (slot, KV head) of each query head, slot·Hkv + h / (H / Hkv)
+    ggml_tensor * columns = nullptr;    // by channels: I32 [S·R], the token in query column slot·R + r
+    ggml_tensor * rows    = nullptr;    // by channels: I32 [T], the query column of each token
+                                        // (both null: the batch is in that layout already)
 };
 
 struct dspark_graph {
@@ -66,6 +76,10 @@ struct dspark_graph {
     // position order, through single-column products.
     ggml_tensor * attention_in_order(const dspark_kv_cache & kv, int il, ggml_tensor * q, const dspark_in_order_io & io,
                                      int head_dim, int n_head_kv, float scale) const;
+    ggml_tensor * in_order_by_ids(const dspark_kv_cache & kv, int il, ggml_tensor * q, const dspark_in_order_io & io,
+                                  int head_dim, int n_head_kv, float scale) const;
+    ggml_tensor * in_order_by_channels(const dspark_kv_cache & kv, int il, ggml_tensor * q, const dspark_in_order_io & io,
+                                       int head_dim, int n_head_kv, float scale) const;
 
     // down · (act(gate · x) ⊙ (up · x)), act = SiLU or GELU (tanh approximation).
     ggml_tensor * ffn(ggml_tensor * x, ggml_tensor * gate, ggml_tensor * up, ggml_tensor * down, bool gelu) const;

@@ -671,13 +671,72 @@ ggml_tensor * dspark_matmul_id_groups(ggml_context * ctx, ggml_tensor * as, ggml
     return concat_all(ctx, parts, 2);
 }
 
+// The largest grid dimension ggml-cuda launches over channels (gridDim.y): a prefill of more columns
+// keeps ggml's matmul.
+constexpr int64_t MAX_CHANNELS = 65535;
+
+ggml_tensor * dspark_matmul_channels(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, const dspark_mm_plan & plan) {
+    GGML_ASSERT(x->type == GGML_TYPE_F32 && ggml_n_dims(w) <= 2 && x->ne[0] == w->ne[0] && plan.group >= 1);
+    const int64_t K = x->ne[0], N = ggml_nelements(x) / K, G = plan.group, N_pad = (N + G - 1) / G * G;
+    if (N_pad / G > MAX_CHANNELS) {
+        return ggml_mul_mat(ctx, w, x);
+    }
+    x = ggml_is_contiguous(x) ? x : ggml_cont(ctx, x);
+    ggml_tensor * cols = ggml_reshape_2d(ctx, x, K, N);
+    if (N_pad > N) {
+        cols = ggml_pad(ctx, cols, 0, (int) (N_pad - N), 0, 0);  // zero columns, computed and dropped
+    }
+    ggml_tensor * y = ggml_mul_mat(ctx, w, ggml_reshape_3d(ctx, cols, K, G, N_pad / G));  // [M, G, N_pad / G]
+    y = ggml_reshape_2d(ctx, y, w->ne[1], N_pad);
+    if (N_pad > N) {
+        y = ggml_view_2d(ctx, y, w->ne[1], N, y->nb[1], 0);
+    }
+    return ggml_reshape_4d(ctx, y, w->ne[1], x->ne[1], x->ne[2], x->ne[3]);
+}
+
+ggml_tensor * dspark_matmul_id_channels(ggml_context * ctx, ggml_tensor * as, ggml_tensor * b, ggml_tensor * ids) {
+    GGML_ASSERT(b->type == GGML_TYPE_F32 && ids->type == GGML_TYPE_I32 && ids->ne[1] == b->ne[2]);
+    const int64_t K = b->ne[0], B = b->ne[1], U = ids->ne[0], T = ids->ne[1];
+    GGML_ASSERT(B == 1 || B == U);
+    if (U * T > MAX_CHANNELS) {
+        return ggml_mul_mat_id(ctx, as, b, ids);
+    }
+    // the pair (slot u, token t) becomes channel c = u·T + t of one token: its expert is ids1[c] and
+    // its input column c mod (columns of b1), which is t for a shared input and c for one per slot
+    ggml_tensor * ids1 = ggml_reshape_2d(ctx, ggml_cont(ctx, ggml_transpose(ctx, ids)), U * T, 1);
+    ggml_tensor * b1 = B == 1 ? ggml_reshape_3d(ctx, ggml_cont(ctx, b), K, T, 1)
+                              : ggml_reshape_3d(ctx, ggml_cont(ctx, ggml_permute(ctx, b, 0, 2, 1, 3)), K, U * T, 1);
+    ggml_tensor * y = ggml_mul_mat_id(ctx, as, b1, ids1);                         // [M, U·T, 1], c order
+    y = ggml_reshape_3d(ctx, y, as->ne[1], T, U);
+    return ggml_cont(ctx, ggml_permute(ctx, y, 0, 2, 1, 3));                       // [M, U, T]
+}
+
+// Columns per channel for quantized weights on CUDA: 4, or 1 under DSPARK_CUDA_COLUMNS=1 (read once).
+static int64_t cuda_quantized_columns() {
+    static const int64_t columns = getenv("DSPARK_CUDA_COLUMNS") && atoi(getenv("DSPARK_CUDA_COLUMNS")) == 1 ? 1 : 4;
+    return columns;
+}
+
+// A CUDA device's plan (dspark-matmul.h): channels where ggml-cuda has a one-column kernel.
+static dspark_mm_plan cuda_plan(ggml_type type, bool id) {
+    const bool quantized = ggml_is_quantized(type);
+    const bool one_column = quantized || type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
+    dspark_mm_plan plan;
+    if (one_column && (quantized || !id) && !env_says_ggml("DSPARK_DEVICE_MATMUL")) {
+        plan.route = dspark_mm_route::channels;
+        plan.group = quantized ? cuda_quantized_columns() : 1;
+    }
+    return plan;
+}
+
 size_t dspark_matmul_extra_nodes(const std::vector<ggml_backend_dev_t> & devs, size_t n_matmuls) {
     // per group at most: views of the input and of mm_id's ids, copies of both where misaligned, the
     // matmul and (but for one group) a concatenation
     constexpr size_t PER_GROUP = 6;
     const bool any = std::any_of(devs.begin(), devs.end(), [](ggml_backend_dev_t d) { return d && is_vulkan(d); });
-    constexpr size_t PER_QUADS = 4;  // CPU, repacked: two views, our node, a concatenation
-    return (any ? n_matmuls * PER_GROUP * DSPARK_MM_MAX_GROUPS : 0) + n_matmuls * PER_QUADS;
+    constexpr size_t PER_QUADS = 4;     // CPU, repacked: two views, our node, a concatenation
+    constexpr size_t PER_CHANNELS = 10; // mm_id's: transpose, copies and reshapes of ids, input and output
+    return (any ? n_matmuls * PER_GROUP * DSPARK_MM_MAX_GROUPS : 0) + n_matmuls * (PER_QUADS + PER_CHANNELS);
 }
 
 dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w, bool id) {
@@ -686,8 +745,15 @@ dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w, bool id) {
     }
     ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(w->buffer);
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);  // none for a mapped file's buffer
-    if (dev && !dspark_device_is_cpu(dev)) {
-        return is_vulkan(dev) ? dspark_matmul_plan_device(dev, w->type, w->ne[0], w->ne[1], id) : dspark_mm_plan{};
+    switch (dspark_device_rules_of(dev)) {
+        case dspark_device_rules::cuda:   return cuda_plan(w->type, id);
+        case dspark_device_rules::other:  return {};
+        case dspark_device_rules::vulkan:
+            if (dev && !dspark_device_is_cpu(dev)) {  // (the CPU told to build Vulkan's graphs keeps its plans)
+                return dspark_matmul_plan_device(dev, w->type, w->ne[0], w->ne[1], id);
+            }
+            break;
+        case dspark_device_rules::cpu: break;
     }
     if (!ggml_get_type_traits_cpu(w->type)->vec_dot) {
         return {};
@@ -706,6 +772,7 @@ const char * dspark_mm_route_name(dspark_mm_route route) {
         case dspark_mm_route::rows: return "rows";
         case dspark_mm_route::groups: return "groups";
         case dspark_mm_route::quads: return "quads";
+        case dspark_mm_route::channels: return "channels";
     }
     return "?";
 }

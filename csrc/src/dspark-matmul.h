@@ -47,7 +47,26 @@
 //           with its single-column shader once per column (`batched`: the probe found it exact;
 //           otherwise they keep ggml's matmul). On lavapipe group is 8 for every type probed.
 // mul_mat_id likewise: mul_mat_vec_id up to 8 tokens, the matmul shader beyond; groups of tokens.
-// Other non-CPU devices (CUDA, Metal, RPC) keep ggml's matmul for now: not probed.
+//
+// A CUDA device (ggml-cuda.cu, mmvq.cu, mmvf.cu, ggml 0.25.3) picks its kernel by the number of
+// columns too: mmvq (quantized weights) splits a row's blocks over 4 warps for 1..4 columns and over
+// 2 for 5..8, mmvf (f32, f16, bf16) takes one column only on Ampere and later, and from 9 columns
+// mmq / mmf / cuBLAS tile the columns, so most rows of a verify block differ from their decode step.
+// But one column of every channel of a batched matmul runs the one-column kernel, and a channel's
+// arithmetic does not depend on how many channels there are:
+//   channels  every batch, one column included, runs as one matmul over a [K, G, N/G] view of its
+//             columns: channels of G columns, each computed as a decode step computes its column
+//             (decode steps take the same view, so their graphs have the same nodes and ggml-cuda
+//             fuses nothing in one that it does not fuse in the other). G is 1 for f32, f16 and bf16
+//             (mmvf), 4 for quantized weights (mmvq's 4-column kernel: a column's sums do not
+//             involve the other three), the batch padded with zero columns to a multiple of 4, so a
+//             decode step computes three zero columns too: on an H200 (Qwen3-0.6B's shape, q8_0)
+//             decode 6% slower than with G = 1, a 9-row verify 15% faster (3 channels, not 9,
+//             each reading the weights); DSPARK_CUDA_COLUMNS=1 takes G = 1.
+//             mul_mat_id likewise, for quantized experts: the batch's (token, expert slot) pairs
+//             become the channels of one token (mmvq with ids takes one channel per pair); float
+//             experts keep ggml's mul_mat_id (ggml-cuda has no one-column kernel for them there).
+// Other non-CPU devices (Metal, RPC) keep ggml's matmul for now: not probed.
 // DSPARK_DEVICE_MATMUL=ggml turns the device probe off (ggml's matmuls as they are), and
 // DSPARK_CPU_MATMUL=ggml the CPU's (every plan ggml, every layout ggml repacks used).
 #pragma once
@@ -57,12 +76,13 @@
 
 #include <vector>
 
-enum class dspark_mm_route { ggml, own, rows, groups, quads };
+enum class dspark_mm_route { ggml, own, rows, groups, quads, channels };
 
 struct dspark_mm_plan {
     dspark_mm_route route = dspark_mm_route::ggml;
     int64_t         own_below = 0;  // own: batches of fewer columns than this run our kernel
-    int64_t         group = 0;      // groups: the most columns (or tokens, for mm_id) one matmul may take
+    int64_t         group = 0;      // groups: the most columns (or tokens, for mm_id) one matmul may take;
+                                    // channels: the columns of one channel
     bool            batched = false;  // groups: a [K, 1, N] matmul gives every column the single-column bits
 };
 
@@ -84,8 +104,16 @@ dspark_mm_plan dspark_matmul_plan(ggml_backend_buffer_type_t buft, ggml_type typ
 dspark_mm_plan dspark_matmul_plan_device(ggml_backend_dev_t dev, ggml_type type, int64_t n_per_row, int64_t n_rows, bool id);
 
 // The plan for a matmul by weight w as placed (for ggml_mul_mat_id with `id`): the CPU's plans for
-// plain CPU buffers, the device probe's on a Vulkan device, ggml elsewhere.
+// plain CPU buffers, the device probe's on a Vulkan device, channels on a CUDA device (and on the
+// CPU under DSPARK_DEVICE_RULES=cuda), ggml elsewhere.
 dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w, bool id = false);
+
+// w · x (x F32, [K, ...] contiguous or not) by the channels plan → [M, ...], x's other dimensions:
+// plan.group columns per channel (the batch padded with zero columns to a multiple of it).
+ggml_tensor * dspark_matmul_channels(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, const dspark_mm_plan & plan);
+
+// ggml_mul_mat_id(as, b, ids) (b [K, B, T] F32, ids [U, T]) by the channels plan → [M, U, T].
+ggml_tensor * dspark_matmul_id_channels(ggml_context * ctx, ggml_tensor * as, ggml_tensor * b, ggml_tensor * ids);
 
 // w · x (x [K, N] F32) by a quads plan (w repacked, M % 8 == 0) → [M, N] F32.
 ggml_tensor * dspark_matmul_quads(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x);

@@ -32,7 +32,7 @@ ggml_tensor * dspark_target_attention(const target_layer_io & c, int il, ggml_te
     const float scale = opts.kq_scale != 0.0f ? opts.kq_scale : 1.0f / sqrtf((float) D);
     ggml_tensor * a;  // [D·H, T]
     const target_in_order & o = c.io.in_order;
-    if (o.n > 0 && !dspark_graph_cache_on_host(c.kv.k[l.kv_src])) {
+    if (o.n > 0 && (o.host_too || !dspark_graph_cache_on_host(c.kv.k[l.kv_src]))) {
         a = g.attention_in_order(c.kv, l.kv_src, q, o.layer(l.n_head_kv, l.swa), (int) D, l.n_head_kv, scale);
     } else {
         ggml_tensor * mask = l.swa ? c.io.mask_swa : c.io.mask;
@@ -70,25 +70,41 @@ dspark_in_order_io target_in_order::layer(int n_head_kv, bool sliding) const {
     dspark_in_order_io io;
     io.n = n;
     io.n_v = n_v;
+    io.per_slot = per_slot;
     io.cells_k = cells_k;
     io.cells_v = cells_v;
     io.mask = sliding ? mask_swa : mask;
+    io.columns = columns;
+    io.rows = rows;
     for (const auto & h : heads) {
         io.heads = h.first == n_head_kv ? h.second : io.heads;
     }
     return io;
 }
 
-static target_in_order in_order_inputs(ggml_context * ctx, const target_model & m, int n_tokens, int n, int slots) {
+static target_in_order in_order_inputs(ggml_context * ctx, const target_model & m, int n_tokens,
+                                       const target_in_order_shape & shape) {
     target_in_order o;
-    o.n = n;
-    o.n_v = std::max(n, 1024);  // see dspark_graph::attention_in_order
-    o.slots = slots;
-    o.cells_k = dspark_graph_input(ctx, GGML_TYPE_I32, o.n * slots, 0, "inp_in_order_cells_k");
-    o.cells_v = dspark_graph_input(ctx, GGML_TYPE_I32, o.n_v * slots, 0, "inp_in_order_cells_v");
-    o.mask = dspark_graph_input(ctx, GGML_TYPE_F32, n, n_tokens, "inp_in_order_mask");
+    o.n = shape.cells;
+    o.n_v = shape.per_slot > 0 ? o.n : std::max(shape.cells, 1024);  // see dspark_graph::attention_in_order
+    o.slots = shape.slots;
+    o.per_slot = shape.per_slot;
+    o.host_too = shape.host_too;
+    o.cells_k = dspark_graph_input(ctx, GGML_TYPE_I32, o.n * o.slots, 0, "inp_in_order_cells_k");
+    if (o.per_slot == 0) {
+        o.cells_v = dspark_graph_input(ctx, GGML_TYPE_I32, o.n_v * o.slots, 0, "inp_in_order_cells_v");
+    }
+    const int64_t queries = o.per_slot > 0 ? o.slots * o.per_slot : n_tokens;  // the mask's rows
+    o.mask = dspark_graph_input(ctx, GGML_TYPE_F32, o.n, queries, "inp_in_order_mask");
     if (m.has_swa()) {
-        o.mask_swa = dspark_graph_input(ctx, GGML_TYPE_F32, n, n_tokens, "inp_in_order_mask_swa");
+        o.mask_swa = dspark_graph_input(ctx, GGML_TYPE_F32, o.n, queries, "inp_in_order_mask_swa");
+    }
+    if (o.per_slot > 0) {
+        if (!shape.batch_order) {
+            o.columns = dspark_graph_input(ctx, GGML_TYPE_I32, queries, 0, "inp_in_order_columns");
+            o.rows = dspark_graph_input(ctx, GGML_TYPE_I32, n_tokens, 0, "inp_in_order_rows");
+        }
+        return o;
     }
     for (const target_layer & l : m.layers) {
         if (!o.layer(l.n_head_kv, false).heads) {
@@ -169,13 +185,13 @@ static void sample_in_graph(const dspark_graph & g, target_graph & io, const dsp
 
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
-                                bool flash_attn, const dspark_sampler_shape * sampling, int in_order_cells,
-                                int in_order_slots) {
+                                bool flash_attn, const dspark_sampler_shape * sampling,
+                                const target_in_order_shape & in_order) {
     ggml_context * ctx = g.ctx;
     const target_hparams & hp = m.hp;
     target_graph io = graph_inputs(ctx, m, n_tokens, n_outputs, n_kv);
-    if (in_order_cells > 0) {
-        io.in_order = in_order_inputs(ctx, m, n_tokens, in_order_cells, in_order_slots);
+    if (in_order.cells > 0) {
+        io.in_order = in_order_inputs(ctx, m, n_tokens, in_order);
     }
 
     ggml_tensor * x = ggml_get_rows(ctx, m.tok_embd, io.tokens);  // [E, T]

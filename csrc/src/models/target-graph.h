@@ -7,14 +7,34 @@
 
 #include <vector>
 
-// The inputs of attention in sequence order (dspark_graph::attention_in_order), when the graph has it.
+// What attention in sequence order is built for (dspark_graph::attention_in_order): `cells` per
+// slot (0: ggml's attention everywhere) in `slots` slots; per_slot > 0 lays the queries out by
+// channels, that many per slot (ggml-cuda's form), else by ids; batch_order: by channels, the batch
+// already is that layout (each slot's per_slot tokens in a row: one sequence, say), so the queries
+// need no gathering. host_too: layers whose cache is in host memory take it too
+// (DSPARK_DEVICE_RULES=cuda), not only those on a device.
+struct target_in_order_shape {
+    int  cells = 0, slots = 0, per_slot = 0;
+    bool batch_order = false, host_too = false;
+
+    bool operator==(const target_in_order_shape & o) const {
+        return cells == o.cells && slots == o.slots && per_slot == o.per_slot && batch_order == o.batch_order &&
+               host_too == o.host_too;
+    }
+};
+
+// The inputs of attention in sequence order, when the graph has it.
 struct target_in_order {
     int64_t       n = 0, n_v = 0, slots = 0;  // cells per slot (0: ggml's attention everywhere), slots
+    int64_t       per_slot = 0;               // by channels: query columns per slot, else 0
+    bool          host_too = false;
     ggml_tensor * cells_k  = nullptr;         // I32 [n·slots]
-    ggml_tensor * cells_v  = nullptr;         // I32 [n_v·slots]
-    ggml_tensor * mask     = nullptr;         // F32 [n, T]
-    ggml_tensor * mask_swa = nullptr;         // F32 [n, T], the sliding layers' mask
-    std::vector<std::pair<int, ggml_tensor *>> heads;  // per KV head count Hkv of the layers: I32 [H·T]
+    ggml_tensor * cells_v  = nullptr;         // by ids: I32 [n_v·slots]
+    ggml_tensor * mask     = nullptr;         // F32 [n, T] (by channels [n, slots·per_slot])
+    ggml_tensor * mask_swa = nullptr;         // likewise, the sliding layers' mask
+    std::vector<std::pair<int, ggml_tensor *>> heads;  // by ids, per KV head count Hkv of the layers: I32 [H·T]
+    ggml_tensor * columns  = nullptr;         // by channels: I32 [slots·per_slot], the token of each query column
+    ggml_tensor * rows     = nullptr;         // by channels: I32 [T], the query column of each token
 
     // The inputs of a layer with n_head_kv KV heads (sliding: its window's mask).
     dspark_in_order_io layer(int n_head_kv, bool sliding) const;
@@ -40,14 +60,14 @@ struct target_graph {
 // its inputs change), so consecutive decode steps and verify batches of one size reuse it.
 struct target_graph_key {
     int n_tokens = 0, n_outputs = 0, n_kv = 0;
-    int in_order_cells = 0, in_order_slots = 0;  // attention in sequence order over this many cells and slots
+    target_in_order_shape in_order;  // attention in sequence order (cells 0: none)
     std::vector<int32_t> capture;
     bool sampled = false;          // the output rows sampled in the graph, by a sampler of this shape
     dspark_sampler_shape sampler;
 
     bool operator==(const target_graph_key & o) const {
         return n_tokens == o.n_tokens && n_outputs == o.n_outputs && n_kv == o.n_kv &&
-               in_order_cells == o.in_order_cells && in_order_slots == o.in_order_slots && capture == o.capture &&
+               in_order == o.in_order && capture == o.capture &&
                sampled == o.sampled && sampler == o.sampler;
     }
 };
@@ -84,9 +104,9 @@ ggml_tensor * dspark_target_moe(const target_layer_io & c, int il, ggml_tensor *
 // models/llama.cpp: the pre-norm decoder layer that llama, qwen2 and qwen3 share.
 ggml_tensor * dspark_llama_layer(const target_layer_io & c, int il, ggml_tensor * x);
 
-// in_order_cells > 0: the layers whose cache is on a device attend in sequence order, over that
-// many cells in each of in_order_slots slots (the sums over V over at least 1024).
+// in_order.cells > 0: the layers whose cache is on a device attend in sequence order, over that
+// many cells in each of in_order.slots slots (the sums over V over at least 1024).
 target_graph build_target_graph(const dspark_graph & g, const target_model & m, const dspark_kv_cache & kv,
                                 int n_tokens, int n_outputs, int n_kv, const std::vector<int32_t> & capture,
                                 bool flash_attn, const dspark_sampler_shape * sampling = nullptr,
-                                int in_order_cells = 0, int in_order_slots = 0);
+                                const target_in_order_shape & in_order = {});
