@@ -68,19 +68,23 @@ def smollm2_file(type_name: str) -> Path:
 
 # ---- prompts --------------------------------------------------------------------------------------
 
-def prompt_texts(name: str | os.PathLike[str], n: int) -> list[str]:
+def prompt_texts(name: str | os.PathLike[str], n: int, last: bool = False) -> list[str]:
     """`short` (SHORT_PROMPTS), a shared set by name (`humaneval`, `gsm8k`, `mt-bench`, `mbpp`, in
-    ../shared/data/prompts) or a JSONL file: the first turn of its first n prompts."""
+    ../shared/data/prompts beside the checkout, or beside the installed package) or a JSONL file:
+    the first turn of its first n prompts (`last`: of its last n)."""
     if name == "short":
-        return SHORT_PROMPTS[:n]
+        return SHORT_PROMPTS[-n:] if last else SHORT_PROMPTS[:n]
     from dspark_ggml.benchmark import default_prompt_file, load_prompts
 
     shared = default_prompt_file()
-    path = shared.parent / f"{name}.jsonl" if shared else None
-    path = path if path and path.exists() else Path(name)
-    if not path.exists():
+    candidates = [REPO.parent / "shared" / "data" / "prompts" / f"{name}.jsonl", Path(name)]
+    if shared:
+        candidates.insert(1, shared.parent / f"{name}.jsonl")
+    path = next((c for c in candidates if c.exists()), None)
+    if path is None:
         raise SystemExit(f"no prompt file for {name} (the shared sets are in ../shared/data/prompts)")
-    return load_prompts(path, n)
+    texts = load_prompts(path, 1 << 30 if last else n)
+    return texts[-n:] if last else texts
 
 
 def chat_prompts(tok: Tokenizer, texts: Sequence[str]) -> list[str]:

@@ -40,7 +40,7 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_generate_json_with_prompt_tokens(models, llm, capsys):
     ids = llm.tokenize(PROMPT)
     rc, out, err = _run(capsys, "generate", "-m", models["target"], "-md", models["draft"], *THREADS,
-                        "--prompt-tokens", ",".join(map(str, ids)), "-n", "12", "--json")
+                        "--prompt-tokens", ",".join(map(str, ids)), "-n", "12", "--json", "--spec-schedule", "static")
     assert rc == 0
     d = json.loads(out)  # stdout holds the JSON object and nothing else
     expected = llm.generate(ids, max_tokens=12)
@@ -143,7 +143,8 @@ def test_demo_runs_the_real_pair_through_the_chat_template(capsys):
 
     assert os.path.isfile(demo.DRAFT_PATH)  # shipped with the package
     question = "What is the capital of France? Answer in one sentence."
-    rc, out, _ = _run(capsys, "generate", "--demo", "-t", "2", "-n", "32", "--json", question)
+    # a fixed block, which drafts every step: the draft's acceptance, not the schedule's choice
+    rc, out, _ = _run(capsys, "generate", "--demo", "-t", "2", "-n", "32", "--json", "--spec-schedule", "static", question)
     d = json.loads(out)
     assert rc == 0 and d["method"] == "dspark"
     assert "Paris" in d["text"]

@@ -3,6 +3,7 @@ streaming, batches, chat, stop strings and tokens, limits, aborts and Ctrl-C, op
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import signal
 import subprocess
 import sys
@@ -75,7 +76,9 @@ def target_llm(models):
 
 @pytest.fixture(scope="module")
 def bigram_llm(models):
-    with LLM(models["target"], draft_model_path=models["bigram"], n_ctx=512, n_threads=1) as llm:
+    # a fixed block: these tests count drafts, which the default schedule spends where they pay
+    with LLM(models["target"], draft_model_path=models["bigram"], n_ctx=512, n_threads=1,
+             speculative={"schedule": "static"}) as llm:
         yield llm
 
 
@@ -316,6 +319,44 @@ def test_speculative_config_validation_and_round_trip():
                        ({"schedule": "x"}, "schedule"), ({"block": 3}, "unknown speculative option")]:
         with pytest.raises(InvalidArgumentError, match=match):
             SpeculativeConfig.from_dict(bad)
+
+
+def test_the_default_schedule_is_the_one_that_stops_drafting_where_it_does_not_pay(models):
+    """"auto": the confidence schedule with a draft whose confidence head is calibrated (its
+    temperatures in the GGUF), the adaptive one with an uncalibrated head (whose confidences may be
+    anything: a planted draft's random head cut blocks that were all accepted, 1.75x where
+    adaptive made 3.04x) or none (DFlash), the fixed block where the context cannot hold their
+    calibration."""
+    assert SpeculativeConfig().schedule == "auto"
+    calibrated = rewrite_gguf(models["dspark"], Path(models["dspark"]).with_name("calibrated.gguf"),
+                              set_keys={"dflash.confidence_temperatures": [1.5, 1.2, 1.0, 1.0]})
+    with LLM(models["target"], draft_model_path=calibrated, n_ctx=256, n_threads=1) as llm:
+        assert llm.draft_model.confidence_calibrated and llm.speculative.schedule == "confidence"
+    for draft in ("dspark", "dflash"):
+        with LLM(models["target"], draft_model_path=models[draft], n_ctx=256, n_threads=1) as llm:
+            assert not llm.draft_model.confidence_calibrated and llm.speculative.schedule == "adaptive"
+    with LLM(models["target"], draft_model_path=models["dspark"], n_ctx=6, n_threads=1) as llm:
+        assert llm.speculative.schedule == "static"
+    with LLM(models["target"], draft_model_path=models["dspark"], n_ctx=256, n_threads=1,
+             speculative={"schedule": "static"}) as llm:  # a schedule asked for is kept
+        assert llm.speculative.schedule == "static"
+
+
+def test_the_summary_line_says_what_the_draft_did():
+    from dspark_ggml.cli.args import format_stats
+    from dspark_ggml.results import GenerationStats
+
+    def line(drafting_steps: int, n_steps: int = 10) -> str:
+        st = GenerationStats(n_prompt=5, n_generated=20, n_steps=n_steps, n_drafted=4 * drafting_steps,
+                             n_accepted=2 * drafting_steps, drafted_at=[drafting_steps] * 4,
+                             accepted_at=[drafting_steps] * 2 + [0, 0], t_decode_ms=100.0)
+        return format_stats(st, "length", "dspark")
+
+    assert "drafted in 10 of 10 steps, 40 tokens drafted, 20 accepted (acceptance rate 50.0%)" in line(10)
+    assert "paused" not in line(10)
+    assert line(4).endswith("drafting paused in 6 steps where it did not pay")
+    assert line(0).endswith("drafting paused: it did not pay")
+    assert "dspark" not in format_stats(GenerationStats(n_generated=3, n_steps=2), "length", "none")
 
 
 def test_method_resolution():

@@ -204,11 +204,13 @@ def _prompt(i: int) -> list[int]:
 
 
 @pytest.mark.parametrize("mode,schedule", [("probabilistic", "static"), ("greedy", "static"),
-                                           ("probabilistic", "adaptive"), ("greedy", "adaptive")])
+                                           ("probabilistic", "adaptive"), ("greedy", "adaptive"),
+                                           ("probabilistic", "confidence"), ("greedy", "confidence")])
 def test_a_sampled_sequence_is_the_same_alone_and_in_a_mixed_batch(models, mode, schedule):
     """Seeded requests: the same tokens alone and among 11 others. The adaptive schedule's block
-    length depends on the batch; a sampled sequence drafts full blocks whatever it is, or its
-    draws would too."""
+    length depends on the batch, and the confidence schedule weighs the batch's positions against
+    each other; a sampled sequence drafts full blocks, uncut, whatever they are, or its draws would
+    depend on the batch too."""
     target, draft = models["target"], models["full"]
     n = 12
     eng = _engine(target, draft, n, mode, schedule=schedule)

@@ -30,6 +30,7 @@ def make_scheduler():
     made = []
 
     def make(n_slots=2, capacity=8, **llm_options):
+        llm_options.setdefault("speculative", {"schedule": "static"})  # a fixed block: counted engines
         llm = LLM(TARGET_PATH, draft_model_path=DRAFT_PATH, n_threads=1, n_seq_max=n_slots, flash_attn=False,
                   **llm_options)
         pool = EnginePool(llm)

@@ -218,7 +218,7 @@ void dspark_block_schedule::calibrate(dspark_context & tgt, dspark_draft_context
 // time. The whole order is scanned, not stopped at the first position that does not pay: verify
 // time is not smooth in the batch size (kernels change with it), and a step up in cost can be
 // followed by many positions that pay for it.
-void dspark_block_schedule::cut_by_confidence(const std::vector<dspark_verify_block *> & blocks) const {
+void dspark_block_schedule::cut_by_confidence(const std::vector<dspark_verify_block *> & blocks, int fixed_rows) const {
     const size_t n_seq = blocks.size();
     std::vector<std::vector<double>> surv(n_seq);
     for (size_t i = 0; i < n_seq; ++i) {
@@ -230,7 +230,7 @@ void dspark_block_schedule::cut_by_confidence(const std::vector<dspark_verify_bl
     }
     std::vector<size_t> n(n_seq, 0);
     double expected = (double) n_seq;  // every sequence emits at least the target's token
-    int batch = (int) n_seq;
+    int batch = (int) n_seq + fixed_rows;
     double best_rate = expected / verify.at(batch, now());
     std::vector<size_t> best_n = n;
     for (;;) {

@@ -28,8 +28,9 @@ struct dspark_block_schedule {
     // cache is not empty or too small.
     void calibrate(dspark_context & tgt, dspark_draft_context & dft, int n_max, int markov_top_k);
     // DSpark's hardware-aware prefix scheduler (the confidence schedule): cut each sequence's
-    // drafted block (draft and conf) to the prefix worth verifying, from the confidences.
-    void cut_by_confidence(const std::vector<dspark_verify_block *> & blocks) const;
+    // drafted block (draft and conf) to the prefix worth verifying, from the confidences;
+    // fixed_rows more rows (blocks not cut) join the verify.
+    void cut_by_confidence(const std::vector<dspark_verify_block *> & blocks, int fixed_rows = 0) const;
     // One K in 0 .. n_max for sequences whose own acceptance is `seqs` and draft budgets `budget`
     // (a sequence drafts min(K, its budget) tokens); K below n_min is no draft.
     int choose(const std::vector<const dspark_acceptance *> & seqs, const std::vector<int> & budget, int n_min);

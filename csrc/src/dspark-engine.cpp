@@ -313,9 +313,18 @@ dspark_engine::drafted dspark_engine::draft_blocks(std::vector<plan> & plans, in
         }
     }
     if (params.schedule == DSPARK_SCHEDULE_CONFIDENCE) {
-        std::vector<dspark_verify_block *> cut(plans.size());
-        std::transform(plans.begin(), plans.end(), cut.begin(), [](plan & p) { return &p; });
-        blocks.cut_by_confidence(cut);
+        // greedy blocks only: the cut weighs every sequence's positions against the others', and a
+        // sampled sequence's draws must not depend on its batch mates (its rows verify regardless)
+        std::vector<dspark_verify_block *> cut;
+        int fixed_rows = 0;
+        for (plan & p : plans) {
+            if (p.s->sp.greedy()) {
+                cut.push_back(&p);
+            } else {
+                fixed_rows += 1 + (int) p.draft.size();
+            }
+        }
+        blocks.cut_by_confidence(cut, fixed_rows);
     }
     drafted d;
     d.n_seqs = (int) which.size();

@@ -73,6 +73,13 @@ class DraftModel(Model):
         self.gguf = GGUFFile._borrow(lib.dspark_model_gguf(self._handle), self.path)
         self.info = self._read_info()
 
+    @property
+    def confidence_calibrated(self) -> bool:
+        """Whether the confidence head was calibrated on held-out data (its per-position temperatures
+        are in the GGUF, dflash.confidence_temperatures): a head whose confidences can be taken at
+        their word, as the confidence schedule does."""
+        return self.info.has_confidence and "dflash.confidence_temperatures" in self.gguf
+
     def _read_info(self) -> DraftInfo:
         lib, ffi = _lib.lib(), _lib.ffi()
         i = ffi.new("struct dspark_draft_info *")

@@ -81,7 +81,7 @@ class LLM(Closing):
             their KV caches (``context.kv``) can be inspected and edited between generations.
         engine: the Engine that runs the steps.
         tokenizer: the target's Tokenizer, or None when its GGUF carries none.
-        speculative: the SpeculativeConfig in effect; ``method`` is the resolved method.
+        speculative: the SpeculativeConfig in effect; ``method`` and ``schedule`` are resolved.
 
     Examples:
         >>> llm = LLM("target.gguf", draft_model_path="draft.gguf", n_threads=4)  # doctest: +SKIP
@@ -113,6 +113,7 @@ class LLM(Closing):
             draft_name = None if draft_model_path is None else os.fspath(draft_model_path)
             method = resolve_method(config.method, kind, draft_name)
             self.speculative = SpeculativeConfig(**{**config.to_dict(), "method": method})
+            self.speculative.schedule = self._schedule(config, n_ctx, n_batch, n_seq_max)
             n_out = n_outputs_max_per_seq if n_outputs_max_per_seq is not None else self._verify_block()
             kw: dict[str, Any] = {"n_batch": n_batch, "n_seq_max": n_seq_max, "n_threads": n_threads,
                                   "type_kv": type_kv, "flash_attn": flash_attn, "n_outputs_max_per_seq": n_out,
@@ -138,6 +139,20 @@ class LLM(Closing):
             return None  # "none" does not even load a draft it was given
         # -1 asks for the target's device
         return self._keep(DraftModel(path, self.model, device=-1 if device is None else device, use_mmap=use_mmap))
+
+    def _schedule(self, config: SpeculativeConfig, n_ctx: int, n_batch: int, n_seq_max: int) -> str:
+        """The schedule that runs: "auto" resolved by the draft (confidence with a calibrated
+        confidence head, else adaptive), or static where the context is too small for those to time
+        their steps in (they calibrate on a verify of every sequence's block and a draft of twice
+        the block)."""
+        if config.schedule != "auto":
+            return config.schedule
+        if self.draft_model is None:
+            return "static"  # (no steps to schedule)
+        block = self._verify_block()
+        if 0 < n_ctx < max(min(n_batch, n_seq_max * block), 2 * block):
+            return "static"
+        return config.resolved_schedule(self.draft_model.confidence_calibrated)
 
     def _verify_block(self) -> int:
         """Tokens one sequence verifies per step: its draft tokens plus the target's own."""

@@ -30,11 +30,16 @@ class SpeculativeConfig:
         draft_mode: "greedy" (default: argmax chain, accepted where the target's own sample
             matches) or "probabilistic" (sampled chain with rejection sampling; lossless in
             distribution at temperature > 0).
-        schedule: "static" (default: verify n_max tokens, cut by p_min), "adaptive" (per step one
-            block length, 0 .. n_max, that maximises expected tokens per ms from measured draft and
-            verify costs and each sequence's running acceptance: shorter blocks, or no draft, as the
-            batch grows) or "confidence" (adaptive, then DSpark's prefix scheduler; needs a
-            confidence head). Both calibrate their costs at load (about a second on a CPU).
+        schedule: "auto" (default: "confidence" when the draft's confidence head is calibrated,
+            else "adaptive"), "static" (verify n_max tokens every step, cut by p_min), "adaptive" (per
+            step one block length, 0 .. n_max, that maximises expected tokens per ms from measured
+            draft and verify costs and each sequence's running acceptance: shorter blocks, or no
+            draft at all where drafting does not pay, as with a weak draft or a large batch) or
+            "confidence" (adaptive, then DSpark's prefix scheduler; needs a confidence head). Both
+            calibrate their costs at load (about a second on a CPU). With a draft that does not
+            pay they keep to within a few percent of decoding without it, where "static" loses two
+            thirds; where drafting pays, "adaptive" keeps what "static" gets and the confidence cut
+            needs a head whose confidences mean what they say (bench/bench_default.py).
         backend_sampling: where the target's verify rows are sampled: True = inside its ggml graph,
             False = on the host, "auto" (default) = in the graph when every sequence of the batch is
             greedy (measured faster there), on the host otherwise.
@@ -48,7 +53,7 @@ class SpeculativeConfig:
     n_min: int = 0
     p_min: float = 0.0
     draft_mode: str = "greedy"
-    schedule: str = "static"
+    schedule: str = "auto"
     backend_sampling: bool | str = "auto"
     markov_top_k: int = 0
 
@@ -66,7 +71,15 @@ class SpeculativeConfig:
         from .engine import spec_params  # the header's enums (loads the library)
 
         fields = {k: v for k, v in asdict(self).items() if k != "method"}
+        fields["schedule"] = self.resolved_schedule(calibrated_confidence=False)  # "auto": what it may become
         _lib.check(_lib.lib().dspark_spec_check(spec_params(**fields)))
+
+    def resolved_schedule(self, calibrated_confidence: bool) -> str:
+        """The schedule that runs with a draft that has (or lacks) a calibrated confidence head:
+        "auto" resolved, any other value as it is."""
+        if self.schedule != "auto":
+            return self.schedule
+        return "confidence" if calibrated_confidence else "adaptive"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SpeculativeConfig:

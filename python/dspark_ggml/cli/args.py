@@ -83,9 +83,10 @@ def add_speculative_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default: {d.p_min})")
     g.add_argument("--spec-draft-mode", dest="draft_mode", choices=sorted(draft_modes()),
                    help=f"greedy chain or sampled chain with rejection sampling (default: {d.draft_mode})")
-    g.add_argument("--spec-schedule", dest="schedule", choices=sorted(schedules()),
+    g.add_argument("--spec-schedule", dest="schedule", choices=["auto", *sorted(schedules())],
                    help=f"static: a fixed block; adaptive: a block length per step from measured costs and "
-                        f"acceptance; confidence: adaptive, then DSpark's confidence-ordered prefix "
+                        f"acceptance, no draft where it does not pay; confidence: adaptive, then DSpark's "
+                        f"confidence-ordered prefix; auto: confidence with a calibrated confidence head, else adaptive "
                         f"(default: {d.schedule}; serve: adaptive)")
     g.add_argument("--backend-sampling", nargs="?", const="on", choices=("auto", "on", "off"), default=None,
                    help="sample the verify rows inside the target's graph: on, off, or auto = in the graph when "
@@ -237,11 +238,19 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> LLM:
 
 
 def format_stats(stats: GenerationStats, finish_reason: str, method: str) -> str:
-    """The one-line summary printed after a generation."""
+    """The one-line summary printed after a generation: what the draft did, in words (the steps it
+    drafted in, its tokens drafted and accepted, tokens per step), and that the schedule paused it
+    where drafting did not pay."""
     line = (f"{stats.n_generated} tokens ({finish_reason}), {stats.tokens_per_second:.1f} tokens/s; "
             f"prompt {stats.n_prompt} tokens, {stats.prompt_tokens_per_second:.1f} tokens/s")
-    if method != "none":
-        line += (f"; {method}: acceptance rate {stats.acceptance_rate:.1%} "
-                 f"({stats.n_accepted}/{stats.n_drafted}), "
-                 f"mean accepted length {stats.mean_accepted_length:.2f}")
+    if method == "none":
+        return line
+    drafting = stats.drafted_at[0] if stats.drafted_at else 0
+    line += (f"; {method}: drafted in {drafting} of {stats.n_steps} steps, {stats.n_drafted} tokens drafted, "
+             f"{stats.n_accepted} accepted (acceptance rate {stats.acceptance_rate:.1%}), "
+             f"mean accepted length {stats.mean_accepted_length:.2f} tokens per step")
+    if stats.n_steps > 0 and drafting == 0:
+        line += "; drafting paused: it did not pay"
+    elif drafting < stats.n_steps:
+        line += f"; drafting paused in {stats.n_steps - drafting} steps where it did not pay"
     return line

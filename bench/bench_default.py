@@ -1,0 +1,114 @@
+"""What a user gets by default: speculative decoding with LLM's default settings against decoding
+the same file without a draft, per held-out prompt set, with the demo's draft and with a useless
+one (the demo draft's shapes filled with random values: it never predicts the target, so every
+token it drafts is lost work), and each schedule next to the default.
+
+    python bench/bench_default.py [--n-prompts 8] [--max-tokens 128] [--threads 2] [--runs 2]
+                                  [--schedules default static adaptive confidence] [--sets ...]
+                                  [--target T.gguf --draft D.gguf --no-chat]
+
+--target / --draft measure another pair (the draft named "given"; e.g. bench_planted.py's, where
+drafting pays: bench/results/planted-draft-q8_0-1.0.gguf on qwen3-0.6b-random-q8_0.gguf, --no-chat).
+
+Demo pair (SmolLM2-135M-Instruct + its DSpark draft), the last --n-prompts prompts of each set
+through the chat template, greedy. Tokens/s as LLM.generate reports them (the median over the
+prompts, after a warm-up). Per run the configurations go in turns (the order reversed every other
+run); every run is printed, then the ratios of the sums to target-only in the same runs.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from common import RESULTS, chat_prompts, decode_speed, print_table, prompt_texts
+from tests.gguf_edit import rewrite_gguf
+
+import dspark_ggml as dg
+from dspark_ggml import demo
+
+SETS = ["gsm8k", "humaneval", "mt-bench"]
+
+
+def useless_draft(src: Path) -> Path:
+    """The draft's shapes and keys with random f16 weights (norms 1, biases 0): a draft that drafts
+    as fast as the real one and is never right."""
+    import gguf
+
+    out = RESULTS / f"useless-{src.name}"
+    if out.exists():
+        return out
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    tensors = {}
+    for t in gguf.GGUFReader(src).tensors:
+        shape = tuple(int(d) for d in reversed(t.shape))
+        if t.tensor_type == gguf.GGMLQuantizationType.I64:
+            continue  # d2t stays: the reduced vocabulary is the real one
+        if "norm" in t.name:
+            tensors[t.name] = np.ones(shape, np.float32)
+        elif t.name.endswith(".bias"):
+            tensors[t.name] = np.zeros(shape, np.float32)
+        else:
+            tensors[t.name] = (rng.standard_normal(shape) * 0.05).astype(np.float16)
+    return rewrite_gguf(src, out, tensors=tensors)
+
+
+def config(schedule: str) -> dg.SpeculativeConfig:
+    return dg.SpeculativeConfig() if schedule == "default" else dg.SpeculativeConfig(schedule=schedule)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n-prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--sets", nargs="+", default=SETS)
+    ap.add_argument("--schedules", nargs="+", default=["default", "static"])
+    ap.add_argument("--drafts", nargs="+", default=None, choices=["demo", "useless", "given"])
+    ap.add_argument("--target", help="target GGUF (default: the demo's)")
+    ap.add_argument("--draft", help="a draft GGUF for --target (measured as the draft 'given')")
+    ap.add_argument("--no-chat", action="store_true", help="the prompts as they are, not through a chat template")
+    ap.add_argument("--first", action="store_true", help="the first --n-prompts of each set, not the last")
+    args = ap.parse_args()
+    target = args.target or demo.target_path()
+    drafts = {"demo": Path(demo.DRAFT_PATH)}
+    if args.draft:
+        drafts["given"] = Path(args.draft)
+    args.drafts = args.drafts or (["given"] if args.draft else ["demo", "useless"])
+    if "useless" in args.drafts:
+        drafts["useless"] = useless_draft(Path(demo.DRAFT_PATH))
+    tok = dg.Tokenizer.from_gguf(target)
+    print(f"{Path(target).name} + {', '.join(drafts[d].name for d in args.drafts)}; the "
+          f"{'first' if args.first else 'last'} {args.n_prompts} prompts "
+          f"of each set{'' if args.no_chat else ' through the chat template'}, "
+          f"{args.max_tokens} tokens, threads={args.threads}, {args.runs} runs; default schedule: "
+          f"{dg.SpeculativeConfig().schedule}", flush=True)
+    configs = [("none", None)] + [(s, d) for d in args.drafts for s in args.schedules]
+    rows, sums = [], {}
+    for name in args.sets:
+        texts = prompt_texts(name, args.n_prompts, last=not args.first)
+        prompts = [tok.encode(p, add_special=False, parse_special=True)
+                   for p in (texts if args.no_chat else chat_prompts(tok, texts))]
+        for run in range(args.runs):
+            order = configs if run % 2 == 0 else configs[::-1]
+            got = {}
+            for schedule, draft in order:
+                got[(schedule, draft)] = decode_speed(target, prompts, args.max_tokens, args.threads,
+                                                      draft=drafts[draft] if draft else None,
+                                                      speculative=None if draft is None else config(schedule))
+            base = got[("none", None)]
+            for key, v in got.items():
+                sums.setdefault((name, key), []).append(v / base)
+            rows.append([name, run + 1, round(base, 1)] + [round(got[c], 1) for c in configs[1:]])
+    print_table(["set", "run", "target-only t/s"] + [f"{d} draft, {s}" for s, d in configs[1:]], rows)
+    print()
+    print_table(["set"] + [f"{d} draft, {s} / target-only" for s, d in configs[1:]],
+                [[name] + [round(float(np.mean(sums[(name, c)])), 3) for c in configs[1:]] for name in args.sets])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
