@@ -17,9 +17,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 
-from common import print_table
+from common import device_index, print_table, step_ms
 
 MODES = {"in order": {}, "ggml": {"DSPARK_DEVICE_ATTENTION": "ggml"}}
 
@@ -34,33 +33,12 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def worker(args: argparse.Namespace) -> None:
-    import numpy as np
     from dspark_ggml.context import Context
     from dspark_ggml.model import Model
-    from dspark_ggml.system import devices
-
-    dev = next((d.index for d in devices() if d.type != "cpu"), None)
-    if dev is None:
-        raise SystemExit("no device besides the CPU in this build (for lavapipe: GGML_VK_VISIBLE_DEVICES=0)")
-    model = Model(args.model, device=dev)
+    model = Model(args.model, device=device_index())
     ctx = Context(model, n_ctx=args.cells + args.steps + 64, n_batch=max(64, args.cells), n_threads=2)
-    rng = np.random.default_rng(1)
-    vocab = 256  # ids every vocabulary has: the values do not change the work
-    ctx.decode([int(t) for t in rng.integers(0, vocab, args.cells)])
-    ctx.decode([1])  # the one-token graph is built before the clock starts
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        ctx.decode([int(rng.integers(0, vocab))])
-    decode = args.steps / (time.perf_counter() - t0)
-    pos = args.cells + 1 + args.steps
-    ctx.decode([1] * 9, outputs=[True] * 9)
-    ctx.kv_seq_rm(0, pos)
-    t0 = time.perf_counter()
-    for _ in range(args.verifies):
-        ctx.decode([int(t) for t in rng.integers(0, vocab, 9)], outputs=[True] * 9)
-        ctx.kv_seq_rm(0, pos)
-    verify = args.verifies / (time.perf_counter() - t0)
-    print(json.dumps({"decode": decode, "verify": verify}))
+    decode_ms, verify_ms = step_ms(ctx, args.cells, args.steps, args.verifies)
+    print(json.dumps({"decode": 1000 / decode_ms, "verify": 1000 / verify_ms}))
 
 
 def main() -> int:

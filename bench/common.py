@@ -119,6 +119,41 @@ def decode_speed(target: str | os.PathLike[str], prompts: Sequence, max_tokens: 
         return statistics.median(llm.generate(p, max_tokens=max_tokens).stats.tokens_per_second for p in prompts)
 
 
+def device_index(index: int = -1) -> int:
+    """`index` when it is one (>= 0), else the first device besides the CPU; exits when there is none
+    (for lavapipe: GGML_VK_VISIBLE_DEVICES=0)."""
+    from dspark_ggml.system import devices
+
+    dev = index if index >= 0 else next((d.index for d in devices() if d.type != "cpu"), None)
+    if dev is None:
+        raise SystemExit("no device besides the CPU in this build (for lavapipe: GGML_VK_VISIBLE_DEVICES=0)")
+    return dev
+
+
+def step_ms(ctx, cells: int, steps: int, verifies: int, seed: int = 1) -> tuple[float, float]:
+    """(decode step ms, 9-row verify ms) on an empty context: `cells` random tokens first, then
+    `steps` one-token decode steps, then `verifies` 9-token batches each removed again. Ids below
+    256, which every vocabulary has: the values do not change the work. Each shape's graph is built
+    before its clock starts."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ctx.decode([int(t) for t in rng.integers(0, 256, cells)])
+    ctx.decode([1])
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        ctx.decode([int(rng.integers(0, 256))])
+    decode = 1000 * (time.perf_counter() - t0) / steps
+    pos = cells + 1 + steps
+    ctx.decode([1] * 9, outputs=[True] * 9)
+    ctx.kv_seq_rm(0, pos)
+    t0 = time.perf_counter()
+    for _ in range(verifies):
+        ctx.decode([int(t) for t in rng.integers(0, 256, 9)], outputs=[True] * 9)
+        ctx.kv_seq_rm(0, pos)
+    return decode, 1000 * (time.perf_counter() - t0) / verifies
+
+
 _EVAL = re.compile(r"(?<!prompt )eval time =\s+[\d.]+ ms /\s+\d+ runs.*?([\d.]+) tokens per second")
 _SPEC = re.compile(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+) t/s")
 

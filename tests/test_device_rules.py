@@ -21,6 +21,7 @@ from dspark_ggml.engine import Engine
 from dspark_ggml.errors import DSparkError
 from dspark_ggml.model import Model
 from dspark_ggml.sampling import SamplingParams
+from tests.test_devices import _rows_alone_and_in_batches as rows_alone_and_in_batches
 from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
 
 # 4 query heads on 2 KV heads: a token's heads share KV heads, so by ids a row repeats an id.
@@ -89,20 +90,7 @@ def test_cuda_graphs_compute_what_the_cpu_computes(dense, rules):
 
 
 def _rows_alone_and_in_batches(model: Model, tokens: list[int], prefix: int, batches: list[int]) -> list[tuple]:
-    ctx = _ctx(model, n_ctx=prefix + max(batches) + 8)
-    for i in range(0, prefix, 64):
-        ctx.decode(tokens[i:min(prefix, i + 64)])
-    alone = []
-    for t in tokens[prefix:prefix + max(batches)]:
-        ctx.decode([t])
-        alone.append(ctx.get_logits(copy=True)[0])
-    differ = []
-    for n in batches:
-        ctx.kv_seq_rm(0, prefix)
-        ctx.decode(tokens[prefix:prefix + n], outputs=[True] * n)
-        got = ctx.get_logits(copy=True)
-        differ += [(n, i) for i in range(n) if not np.array_equal(got[i], alone[i])]
-    return differ
+    return rows_alone_and_in_batches(model, tokens, batches, prefix, n_ctx=prefix + max(batches) + 8, type_kv="f16")
 
 
 @pytest.mark.parametrize("type_name", ["f32", "q4_K"])

@@ -265,10 +265,11 @@ def inv_models(tmp_path_factory):
     return out
 
 
-def _rows_alone_and_in_batches(model: Model, tokens: list[int], batches: list[int], prefix: int, n_ctx: int = 128):
+def _rows_alone_and_in_batches(model: Model, tokens: list[int], batches: list[int], prefix: int, n_ctx: int = 128,
+                               type_kv: str = "f32"):
     """(batch size, row) of every row whose logits in a batch of tokens[prefix:prefix + N] (after the
     prefix, decoded once) differ from the same row decoded alone."""
-    ctx = Context(model, n_ctx=n_ctx, n_batch=64, n_threads=2, type_kv="f32")
+    ctx = Context(model, n_ctx=n_ctx, n_batch=64, n_threads=2, type_kv=type_kv)
     for i in range(0, prefix, 64):
         ctx.decode(tokens[i:min(prefix, i + 64)])
     alone = []

@@ -56,6 +56,8 @@ void dspark_compute::init(ggml_backend_dev_t dev, int n_threads, size_t max_node
     if (!sched) {
         dspark_throw(DSPARK_STATUS_INTERNAL, "failed to create the backend scheduler");
     }
+    checking_ids = dspark_mul_mat_id_check_on(dspark_device_rules_of(dev), id_rules);
+    install_observer();
     meta.resize(ggml_tensor_overhead() * max_nodes + ggml_graph_overhead_custom(max_nodes, false));
 }
 
@@ -158,12 +160,14 @@ bool dspark_compute::observe_node(ggml_tensor * t, bool ask, void * self) {
     return true;
 }
 
-void dspark_compute::compute(ggml_cgraph * gf) {
-    dspark_rpc_check_alive(devices);
-    checking_ids = dspark_mul_mat_id_check_on(dspark_device_rules_of(ggml_backend_get_device(backend)), id_rules);
-    id_violation.clear();
+void dspark_compute::install_observer() {
     const bool observe = sync_nodes || checking_ids;
     ggml_backend_sched_set_eval_callback(sched, observe ? observe_node : nullptr, observe ? this : nullptr);
+}
+
+void dspark_compute::compute(ggml_cgraph * gf) {
+    dspark_rpc_check_alive(devices);
+    id_violation.clear();
     const ggml_status st = ggml_backend_sched_graph_compute(sched, gf);
     if (!id_violation.empty()) {
         dspark_throw(DSPARK_STATUS_INTERNAL, "%s", id_violation.c_str());
@@ -201,4 +205,5 @@ void dspark_abort_request::forget(dspark_compute * c) {
 // waits for each before the next is submitted.
 void dspark_compute::sync_every_node() {
     sync_nodes = true;
+    install_observer();
 }

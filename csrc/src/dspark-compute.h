@@ -73,11 +73,12 @@ struct dspark_compute {
     void *               abort_data = nullptr;
     const std::atomic<bool> * abort_flag = nullptr;
     bool                 sync_nodes   = false;  // sync_every_node
-    bool                 checking_ids = false;  // DSPARK_CHECK_MUL_MAT_ID, during compute, by id_rules
+    bool                 checking_ids = false;  // DSPARK_CHECK_MUL_MAT_ID (read at init), by id_rules
     dspark_device_rules  id_rules = dspark_device_rules::cpu;
     std::string          id_violation;          // the first broken mul_mat_id rule of the last compute
     static bool          abort_trampoline(void * self);
     static bool          observe_node(ggml_tensor * t, bool ask, void * self);
+    void                 install_observer();  // the eval callback, when sync_nodes or checking_ids
     void                 install_abort();
 };
 

@@ -109,6 +109,7 @@ dspark_context::dspark_context(dspark_model & m, const dspark_context_params & p
     }
     params.flash_attn = flash_attn ? DSPARK_FLASH_ATTN_ON : DSPARK_FLASH_ATTN_OFF;
     pad_odd_columns = dspark_device_is_cpu(model.device());
+    rules = dspark_device_rules_of(model.device());
     for (ggml_tensor * k : kv.k) {
         device_cache = device_cache || (k && !dspark_graph_cache_on_host(k));
         host_cache = host_cache || (k && dspark_graph_cache_on_host(k));
@@ -125,11 +126,11 @@ constexpr int IN_ORDER_MAX_ROWS = 4096;
 
 bool dspark_context::in_order_possible() const {
     static const bool off = getenv("DSPARK_DEVICE_ATTENTION") && strcmp(getenv("DSPARK_DEVICE_ATTENTION"), "ggml") == 0;
-    return !off && (device_cache || dspark_device_rules_of(model.device()) != dspark_device_rules::cpu);
+    return !off && (device_cache || rules != dspark_device_rules::cpu);
 }
 
 bool dspark_context::in_order_by_channels() const {
-    return dspark_device_rules_of(model.device()) == dspark_device_rules::cuda;
+    return rules == dspark_device_rules::cuda;
 }
 
 // Cells per slot: whole blocks of 256, so that a graph serves 256 lengths; by channels whole blocks
@@ -241,16 +242,18 @@ void dspark_context::set_in_order_inputs(const target_in_order & io, const dspar
         dspark_kv_mask_params mp;
         mp.n_swa = input == io.mask_swa ? hp().n_swa : 0;
         kv.fill_in_order_mask(order, (uint32_t) io.n, T, b.pos, mp, mask.data());
-        if (io.per_slot > 0) {
+        if (io.columns) {
             fill_in_order_columns(order, (int) io.per_slot, (int) io.n, mask, columns, rows, column_mask);
             dspark_set_input(input, column_mask.data(), column_mask.size() * sizeof(float));
         } else {
             dspark_set_input(input, mask.data(), mask.size() * sizeof(float));
         }
     }
-    if (io.per_slot > 0) {
+    if (io.columns) {
         dspark_set_input(io.columns, columns.data(), columns.size() * sizeof(int32_t));
         dspark_set_input(io.rows, rows.data(), rows.size() * sizeof(int32_t));
+    }
+    if (io.per_slot > 0) {
         return;
     }
     std::vector<int32_t> heads((size_t) H * T);

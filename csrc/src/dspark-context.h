@@ -48,6 +48,7 @@ struct dspark_context : dspark_runtime {
     void set_in_order_inputs(const target_in_order & io, const dspark_kv_seq_cells & order, const dspark_batch & b) const;
     bool                                device_cache = false;  // some layer's KV cache is not in host memory
     bool                                host_cache = false;    // some layer's KV cache is in host memory
+    dspark_device_rules                 rules = dspark_device_rules::cpu;  // of the model's device, read at creation
     target_graph                        cached_io;     // of the graph in `graph`
     dspark_graph_cache<target_graph_key> graph;
 };

@@ -18,7 +18,8 @@
 #include <cstdint>
 #include <string>
 
-// Whether DSPARK_CHECK_MUL_MAT_ID asks for the check (read on every call), and by whose rules:
+// Whether DSPARK_CHECK_MUL_MAT_ID asks for the check (read on every call: a compute reads it once,
+// when it is made), and by whose rules:
 // `own` for "1" (the running device's), else the backend it names.
 bool dspark_mul_mat_id_check_on(dspark_device_rules own, dspark_device_rules & rules);
 
