@@ -20,6 +20,7 @@ from dspark_ggml.draft import DraftContext, DraftModel
 from dspark_ggml.engine import Engine
 from dspark_ggml.errors import DSparkError
 from dspark_ggml.model import Model
+from dspark_ggml.quant import cpu_isa
 from dspark_ggml.sampling import SamplingParams
 from tests.test_devices import _rows_alone_and_in_batches as rows_alone_and_in_batches
 from tests.tiny_models import DraftConfig, TargetConfig, write_draft, write_target
@@ -167,7 +168,10 @@ def test_every_mul_mat_id_meets_what_its_backend_requires(dense, moe, rules, mon
         rules("cpu")
         want = _decode_and_verify(Model(path))
         rules(device)
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4, err_msg=type_name)
+        # the CPU's own q8_0 matmuls run the blocks kernel where it has AVX-512 VNNI (float steps of
+        # their own), CUDA's rules ggml's: the same products then differ by more than rounding
+        blocks = type_name == "q8_0" and cpu_isa() == "avx512_vnni"
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 if blocks else 2e-4, err_msg=type_name)
 
 
 def test_the_check_names_the_ids_ggml_cuda_would_abort_on(dense, rules, monkeypatch):

@@ -113,6 +113,20 @@ DSPARK_API int64_t dspark_quant_size(const char * type, int64_t n_rows, int64_t 
 DSPARK_API int64_t dspark_quantize(const char * type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row);
 DSPARK_API int32_t dspark_dequantize(const char * type, const void * src, size_t src_size, float * dst, int64_t n);
 
+/* The CPU's weight matmul as the runtime computes it, for tests and benchmarks: y [n_cols][n_rows]
+ * = w · x for a weight of `type` (n_rows rows of n_per_row values, as dspark_quantize writes them;
+ * w_size bytes at w) and x [n_cols][n_per_row] F32, on n_threads threads, through `route`: "auto"
+ * (the plan the runtime picks for this weight), "blocks", "own", "rows" (the type's single-column
+ * kernel per column) or "ggml" (ggml's matmul as it is). Writes the route taken to route_out (16
+ * bytes) if not NULL. UNSUPPORTED when this CPU or build cannot run the route for the type. */
+DSPARK_API int32_t dspark_cpu_matmul(const char * type, const void * w, size_t w_size, int64_t n_rows, int64_t n_per_row,
+                                     const float * x, int64_t n_cols, float * y, const char * route, int32_t n_threads,
+                                     char * route_out);
+
+/* The vector instructions our CPU kernels use on this machine: "scalar", "avx2" or "avx512_vnni"
+ * (DSPARK_CPU_ISA caps it). */
+DSPARK_API const char * dspark_cpu_isa(void);
+
 /* ---- devices ------------------------------------------------------------------------------ */
 
 enum dspark_device_type {

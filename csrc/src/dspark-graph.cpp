@@ -58,6 +58,13 @@ ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * s
         y = dspark_matmul_groups(ctx, w, x, plan);  // a device: batches split into groups it computes exactly
     } else if (plan.route == dspark_mm_route::quads) {
         y = dspark_matmul_quads(ctx, w, x);  // repacked: ggml's gemm on fours, ours on the rest
+    } else if (plan.route == dspark_mm_route::blocks) {
+        // q, k, v (and gate, up) multiply the same input: quantize its columns once
+        ggml_tensor *& columns = blocks_columns[{x, w->buffer ? ggml_backend_buffer_get_type(w->buffer) : nullptr}];
+        if (!columns) {
+            columns = dspark_matmul_blocks_columns(ctx, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), w);
+        }
+        y = dspark_matmul_blocks(ctx, w, columns);
     } else if (plan.route == dspark_mm_route::rows || (plan.route == dspark_mm_route::own && n < plan.own_below)) {
         y = dspark_matmul_node(ctx, w, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), plan.route);
     } else if (pad_odd_columns && n > 1 && n % 2 == 1 && plain_2d && ggml_is_contiguous(x) &&
@@ -81,8 +88,10 @@ ggml_tensor * dspark_graph::mm_id(ggml_tensor * experts, ggml_tensor * x, ggml_t
         return dspark_matmul_id_channels(ctx, experts, x, ids);  // CUDA: each (token, expert) one channel
     }
     if (plan.route != dspark_mm_route::ggml) {
-        // ggml picks a kernel per expert by how many rows chose it: one row at a time instead
-        return dspark_matmul_id_rows(ctx, experts, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), ids);
+        // ggml picks a kernel per expert by how many rows chose it: one row at a time instead, or
+        // the blocks kernel (which any number of columns leaves alone) on each expert's columns
+        const dspark_mm_route route = plan.route == dspark_mm_route::blocks ? plan.route : dspark_mm_route::rows;
+        return dspark_matmul_id_rows(ctx, experts, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), ids, route);
     }
     return ggml_mul_mat_id(ctx, experts, x, ids);
 }

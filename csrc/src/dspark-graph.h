@@ -4,6 +4,8 @@
 //   n_kv = cache cells attention looks at.
 #pragma once
 
+#include <map>
+
 #include "dspark-kv-cache.h"
 #include "dspark-rope.h"
 
@@ -46,6 +48,9 @@ struct dspark_graph {
     // Pad odd column counts (> 1) of matmul inputs to even: the CPU's tiled matmul (llamafile
     // sgemm) is measurably faster on 2k columns than on 2k-1, so the padding column is free.
     bool pad_odd_columns = false;
+    // Inputs already quantized for the blocks matmuls (dspark-matmul.h), by input tensor and the
+    // buffer type of the weights (the node runs where they are).
+    mutable std::map<std::pair<const ggml_tensor *, const void *>, ggml_tensor *> blocks_columns;
 
     // x / sqrt(mean(x^2) + eps) * w, over the first dimension; w may be null (no weight).
     ggml_tensor * rms_norm(ggml_tensor * x, ggml_tensor * w, float eps) const;

@@ -2,7 +2,9 @@
 
 #include "dspark-backend.h"
 #include "dspark-impl.h"
+#include "dspark-matmul-blocks.h"
 #include "dspark-matmul-kernels.h"
+#include "dspark-quant.h"
 
 #include "ggml-alloc.h"
 #include "ggml-cpu.h"
@@ -35,12 +37,16 @@ struct prepared_columns {
     void prepare(const ggml_tensor * w, const ggml_tensor * x, int64_t i2, dspark_mm_route route) {
         const int64_t K = x->ne[0], N = x->ne[1];
         const ggml_type vec_type = ggml_get_type_traits_cpu(w->type)->vec_dot_type;
-        bytes = route == dspark_mm_route::own ? dspark_own_dot_prepared_size(w->type, K) : ggml_row_size(vec_type, K);
+        bytes = route == dspark_mm_route::own      ? dspark_own_dot_prepared_size(w->type, K)
+              : route == dspark_mm_route::blocks   ? dspark_blocks_column_size(K)
+                                                   : ggml_row_size(vec_type, K);
         data.resize(bytes * N);
         for (int64_t c = 0; c < N; ++c) {
             const float * src = (const float *) ((const char *) x->data + c * x->nb[1] + i2 * x->nb[2]);
             uint8_t * out = data.data() + c * bytes;
-            if (route == dspark_mm_route::own) {
+            if (route == dspark_mm_route::blocks) {
+                dspark_blocks_prepare(src, K, out);
+            } else if (route == dspark_mm_route::own) {
                 dspark_own_dot_prepare(w->type, src, K, out);
             } else if (vec_type == GGML_TYPE_F32) {
                 memcpy(out, src, sizeof(float) * K);
@@ -88,17 +94,18 @@ void matmul_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
 
 // dst [M, U, T]: column (u, t) = as[:, :, ids[u, t]] · b[:, u % B, t]. Columns are grouped by
 // expert so that each expert's row blocks are read once for all the columns routed to it.
-void matmul_id_task(ggml_tensor * dst, int ith, int nth, void *) {
+void matmul_id_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * as = dst->src[0];
     const ggml_tensor * b = dst->src[1];
     const ggml_tensor * ids = dst->src[2];
     const int64_t M = as->ne[1], X = as->ne[2], U = ids->ne[0], T = ids->ne[1], B = b->ne[1];
+    const auto route = (dspark_mm_route) (intptr_t) userdata;  // rows or blocks
 
     static thread_local std::vector<prepared_columns> cols;  // per token
     static thread_local std::vector<std::vector<std::pair<int64_t, int64_t>>> routed;  // per expert: (u, t)
     cols.resize((size_t) T);
     for (int64_t t = 0; t < T; ++t) {
-        cols[(size_t) t].prepare(as, b, t, dspark_mm_route::rows);
+        cols[(size_t) t].prepare(as, b, t, route);
     }
     routed.assign((size_t) X, {});
     for (int64_t t = 0; t < T; ++t) {
@@ -121,6 +128,19 @@ void matmul_id_task(ggml_tensor * dst, int ith, int nth, void *) {
                 continue;
             }
             const int64_t r0 = blk * ROW_BLOCK, r1 = std::min(M, r0 + ROW_BLOCK);
+            if (route == dspark_mm_route::blocks) {  // the expert's columns together
+                static thread_local std::vector<const void *> columns;
+                static thread_local std::vector<float *> outputs;
+                columns.clear();
+                outputs.clear();
+                for (const auto & [u, t] : routed[(size_t) e]) {
+                    columns.push_back(cols[(size_t) t].column(u % B));
+                    outputs.push_back((float *) ((char *) dst->data + u * dst->nb[1] + t * dst->nb[2]) + r0);
+                }
+                dspark_blocks_rows(as->type, w_data + r0 * as->nb[1], as->nb[1], as->ne[0], r1 - r0, columns.data(),
+                                   outputs.data(), (int) columns.size());
+                continue;
+            }
             for (const auto & [u, t] : routed[(size_t) e]) {
                 float * out = (float *) ((char *) dst->data + u * dst->nb[1] + t * dst->nb[2]);
                 dot_rows(as, w_data, r0, r1, cols[(size_t) t].column(u % B), dspark_mm_route::rows, out);
@@ -131,8 +151,58 @@ void matmul_id_task(ggml_tensor * dst, int ith, int nth, void *) {
 
 }  // namespace
 
+// The blocks route (dspark-matmul-blocks.h) in two nodes: the columns quantized once, each by one
+// thread (and shared by the matmuls of one input), then every column at once, 16 rows at a time.
+static void blocks_columns_task(ggml_tensor * dst, int ith, int nth, void *) {
+    const ggml_tensor * x = dst->src[0];
+    for (int64_t c = ith; c < x->ne[1]; c += nth) {
+        dspark_blocks_prepare((const float *) ((const char *) x->data + c * x->nb[1]), x->ne[0], (char *) dst->data + c * dst->nb[1]);
+    }
+}
+
+static void blocks_matmul_task(ggml_tensor * dst, int ith, int nth, void *) {
+    const ggml_tensor * w = dst->src[0];
+    const ggml_tensor * cols = dst->src[1];
+    const int64_t M = w->ne[1], N = cols->ne[1];
+    static thread_local std::vector<const void *> columns;
+    static thread_local std::vector<float *> outputs;
+    const int64_t n_blocks = (M + ROW_BLOCK - 1) / ROW_BLOCK;  // contiguous shares of whole row blocks
+    const int64_t r0 = std::min(M, n_blocks * ith / nth * ROW_BLOCK), r1 = std::min(M, n_blocks * (ith + 1) / nth * ROW_BLOCK);
+    if (r1 <= r0) {
+        return;
+    }
+    columns.resize((size_t) N);
+    outputs.resize((size_t) N);
+    for (int64_t c = 0; c < N; ++c) {
+        columns[(size_t) c] = (const char *) cols->data + c * cols->nb[1];
+        outputs[(size_t) c] = (float *) ((char *) dst->data + c * dst->nb[1]) + r0;
+    }
+    dspark_blocks_rows(w->type, (const char *) w->data + r0 * w->nb[1], w->nb[1], w->ne[0], r1 - r0, columns.data(),
+                       outputs.data(), (int) N);
+}
+
+ggml_tensor * dspark_matmul_blocks_columns(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w) {
+    GGML_ASSERT(x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[2] == 1 && x->ne[3] == 1 && x->ne[0] % 32 == 0);
+    // w, unread, puts the node where the weight is: ggml's scheduler places a node by its weights first
+    // (with only x it could land on the backend that computed x, an RPC server that cannot run it)
+    ggml_tensor * args[2] = {x, w};
+    return ggml_custom_4d(ctx, GGML_TYPE_I8, (int64_t) dspark_blocks_column_size(x->ne[0]), x->ne[1], 1, 1, args, 2,
+                          blocks_columns_task, GGML_N_TASKS_MAX, nullptr);
+}
+
+ggml_tensor * dspark_matmul_blocks(ggml_context * ctx, ggml_tensor * w, ggml_tensor * columns) {
+    GGML_ASSERT(ggml_n_dims(w) <= 2 && columns->type == GGML_TYPE_I8 &&
+                (size_t) columns->ne[0] == dspark_blocks_column_size(w->ne[0]));
+    ggml_tensor * args[2] = {w, columns};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], columns->ne[1], 1, 1, args, 2, blocks_matmul_task, GGML_N_TASKS_MAX,
+                          nullptr);
+}
+
 ggml_tensor * dspark_matmul_node(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, dspark_mm_route route) {
     GGML_ASSERT(route != dspark_mm_route::ggml);
+    if (route == dspark_mm_route::blocks) {
+        return dspark_matmul_blocks(ctx, w, dspark_matmul_blocks_columns(ctx, x, w));
+    }
     GGML_ASSERT(x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[2] == 1 && x->ne[3] == 1);
     GGML_ASSERT(ggml_n_dims(w) <= 2 && w->ne[0] == x->ne[0]);
     ggml_tensor * args[2] = {w, x};
@@ -140,12 +210,14 @@ ggml_tensor * dspark_matmul_node(ggml_context * ctx, ggml_tensor * w, ggml_tenso
                           (void *) (intptr_t) route);
 }
 
-ggml_tensor * dspark_matmul_id_rows(ggml_context * ctx, ggml_tensor * as, ggml_tensor * b, ggml_tensor * ids) {
+ggml_tensor * dspark_matmul_id_rows(ggml_context * ctx, ggml_tensor * as, ggml_tensor * b, ggml_tensor * ids,
+                                    dspark_mm_route route) {
     GGML_ASSERT(b->type == GGML_TYPE_F32 && b->nb[0] == sizeof(float) && ids->type == GGML_TYPE_I32);
+    GGML_ASSERT(route == dspark_mm_route::rows || route == dspark_mm_route::blocks);
     GGML_ASSERT(as->ne[0] == b->ne[0] && ids->ne[1] == b->ne[2]);
     ggml_tensor * args[3] = {as, b, ids};
     return ggml_custom_4d(ctx, GGML_TYPE_F32, as->ne[1], ids->ne[0], ids->ne[1], 1, args, 3, matmul_id_task,
-                          GGML_N_TASKS_MAX, nullptr);
+                          GGML_N_TASKS_MAX, (void *) (intptr_t) route);
 }
 
 // The columns left over after ggml's gemm took the groups of four, through our kernel for the
@@ -395,6 +467,11 @@ dspark_mm_plan dspark_matmul_plan(ggml_backend_buffer_type_t buft, ggml_type typ
     static const bool off = env_says_ggml("DSPARK_CPU_MATMUL");
     if (off) {
         return {};
+    }
+    if (dspark_blocks_available(type, n_per_row)) {
+        dspark_mm_plan plan;  // in any buffer type: a repacked layout is then not used (dspark-weights.cpp)
+        plan.route = dspark_mm_route::blocks;
+        return plan;
     }
     // ggml's kernels also choose by the row count modulo 4, 8 and 16 (tiles, interleaved layouts)
     const int64_t M = 16 + n_rows % 16;
@@ -773,6 +850,78 @@ const char * dspark_mm_route_name(dspark_mm_route route) {
         case dspark_mm_route::groups: return "groups";
         case dspark_mm_route::quads: return "quads";
         case dspark_mm_route::channels: return "channels";
+        case dspark_mm_route::blocks: return "blocks";
     }
     return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// One matmul on the CPU by a named route, for the tests and benchmarks (dspark_cpu_matmul).
+
+static dspark_mm_route cpu_route_by_name(const char * name, ggml_type type, int64_t K, int64_t M) {
+    const std::string r = name ? name : "auto";
+    if (r == "auto") {
+        return dspark_matmul_plan(ggml_backend_dev_buffer_type(dspark_device_cpu()), type, K, M).route;
+    }
+    if (r == "ggml") {
+        return dspark_mm_route::ggml;
+    }
+    if (!ggml_get_type_traits_cpu(type)->vec_dot) {
+        dspark_throw(DSPARK_STATUS_UNSUPPORTED, "the CPU has no single-column kernel for %s", ggml_type_name(type));
+    }
+    if (r == "rows") {
+        return dspark_mm_route::rows;
+    }
+    if (r == "blocks" || r == "own") {
+        const bool ok = r == "blocks" ? dspark_blocks_available(type, K) : dspark_own_dot_available(type, K);
+        if (!ok) {
+            dspark_throw(DSPARK_STATUS_UNSUPPORTED, "route %s cannot run %s rows of %lld on this CPU (%s)", r.c_str(),
+                         ggml_type_name(type), (long long) K, dspark_cpu_isa_name(dspark_cpu_isa_in_use()));
+        }
+        return r == "blocks" ? dspark_mm_route::blocks : dspark_mm_route::own;
+    }
+    dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown matmul route '%s' (auto, blocks, own, rows, ggml)", r.c_str());
+}
+
+std::string dspark_matmul_cpu_run(const char * type_name, const void * w, size_t w_size, int64_t M, int64_t K, const float * x,
+                                  int64_t N, float * y, const char * route_name, int n_threads) {
+    if (!w || !x || !y || M <= 0 || K <= 0 || N <= 0 || n_threads <= 0) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_cpu_matmul: bad buffers, sizes or thread count");
+    }
+    const ggml_type type = dspark_type_by_name(type_name, K);
+    if (w_size != ggml_row_size(type, K) * (size_t) M) {
+        dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_cpu_matmul: %lld rows of %lld %s values are %zu bytes, got %zu",
+                     (long long) M, (long long) K, type_name, ggml_row_size(type, K) * (size_t) M, w_size);
+    }
+    dspark_mm_route route = cpu_route_by_name(route_name, type, K, M);
+    if (route == dspark_mm_route::own && dspark_matmul_plan(ggml_backend_dev_buffer_type(dspark_device_cpu()), type, K, M).own_below <= N &&
+        (!route_name || strcmp(route_name, "auto") == 0)) {
+        route = dspark_mm_route::ggml;  // the plan's own route hands batches this large to ggml
+    }
+    ggml_init_params ip = { 4 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * ctx = ggml_init(ip);
+    ggml_tensor * W = ggml_new_tensor_2d(ctx, type, K, M);
+    ggml_tensor * X = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, N);
+    ggml_tensor * Y = route == dspark_mm_route::ggml ? ggml_mul_mat(ctx, W, X) : dspark_matmul_node(ctx, W, X, route);
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, Y);
+    ggml_backend_t backend = dspark_backend_init(dspark_device_cpu());
+    dspark_backend_set_threads(backend, n_threads);
+    ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    ggml_status status = GGML_STATUS_ALLOC_FAILED;
+    if (buf) {
+        ggml_backend_tensor_set(W, w, 0, w_size);
+        ggml_backend_tensor_set(X, x, 0, sizeof(float) * (size_t) (K * N));
+        status = ggml_backend_graph_compute(backend, gf);
+        if (status == GGML_STATUS_SUCCESS) {
+            ggml_backend_tensor_get(Y, y, 0, sizeof(float) * (size_t) (M * N));
+        }
+        ggml_backend_buffer_free(buf);
+    }
+    ggml_backend_free(backend);
+    ggml_free(ctx);
+    if (status != GGML_STATUS_SUCCESS) {
+        dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "dspark_cpu_matmul: the graph did not run (%d)", (int) status);
+    }
+    return dspark_mm_route_name(route);
 }

@@ -10,8 +10,21 @@
 // products but adds the float partial sums in its own order, so results differ in the last bits,
 // which is enough to flip a greedy token now and then (within a hundred tokens on a K-quant model).
 //
-// Rather than keep a table of which (type, CPU) pairs agree, each weight's plan is found by running
-// ggml itself: a probe multiplies a small random matrix of the weight's type and shape by 1..17 and
+// Weights of the 32-value block types (q8_0, q4_0, q4_1, q5_0, q5_1) on a CPU with AVX-512 VNNI
+// (found at run time, dspark-cpu-isa.h; Intel Xeons from Ice Lake, AMD Zen 4) take none of ggml's
+// kernels:
+//   blocks  every batch, a decode step included, runs our kernel (dspark-matmul-blocks.h): exact
+//           integer block products and one float chain per (row, column) of our own, the same for
+//           any number of columns, so no probe is needed; the columns are quantized once per input
+//           (q, k and v share theirs) and multiplied together, 16 transposed weight rows at a time.
+//           A verify of 9 rows costs ~1.8-2.5 decode steps instead of 2.6-4.2 (Xeon, SmolLM2-135M),
+//           and decode itself streams the weights faster than ggml's vec_dot. These weights are not
+//           repacked. Without VNNI (AVX2 machines, DSPARK_CPU_ISA=avx2) they take the probed plans
+//           below. Still to come: AMX tiles for them (the int8 products of many columns at once) and
+//           the routes of the other types.
+//
+// For the other types, rather than keep a table of which (type, CPU) pairs agree, each weight's plan
+// is found by running ggml itself: a probe multiplies a small random matrix of the weight's type and shape by 1..17 and
 // a few larger numbers of columns and compares every column with the same column computed alone.
 //   ggml   every column count gave the single-column bits: ggml's matmul as it is (q8_0, q4_0,
 //          q5_0, q4_1, q5_1; the repacked q4_0 and iq4_nl layouts on x86).
@@ -74,9 +87,10 @@
 #include "ggml.h"
 #include "ggml-backend.h"
 
+#include <string>
 #include <vector>
 
-enum class dspark_mm_route { ggml, own, rows, groups, quads, channels };
+enum class dspark_mm_route { ggml, own, rows, groups, quads, channels, blocks };
 
 struct dspark_mm_plan {
     dspark_mm_route route = dspark_mm_route::ggml;
@@ -129,9 +143,23 @@ ggml_tensor * dspark_matmul_id_groups(ggml_context * ctx, ggml_tensor * as, ggml
 // or rows route → [M, N] F32.
 ggml_tensor * dspark_matmul_node(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, dspark_mm_route route);
 
-// ggml_mul_mat_id by the rows route: as [K, M, X] experts, b [K, B, T] F32, ids I32 [U, T] → [M, U, T],
-// column (u, t) = as[:, :, ids[u, t]] · b[:, u % B, t].
-ggml_tensor * dspark_matmul_id_rows(ggml_context * ctx, ggml_tensor * as, ggml_tensor * b, ggml_tensor * ids);
+// The blocks route in its two nodes: x [K, N] F32 (rows contiguous) quantized for the kernel
+// (I8 [column bytes, N], shareable by every weight of the block types that multiplies x; computed
+// where weight w is), and w · those columns → [M, N] F32.
+ggml_tensor * dspark_matmul_blocks_columns(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w);
+ggml_tensor * dspark_matmul_blocks(ggml_context * ctx, ggml_tensor * w, ggml_tensor * columns);
+
+// ggml_mul_mat_id by the rows route (or blocks: each expert's columns together): as [K, M, X]
+// experts, b [K, B, T] F32, ids I32 [U, T] → [M, U, T], column (u, t) = as[:, :, ids[u, t]] · b[:, u % B, t].
+ggml_tensor * dspark_matmul_id_rows(ggml_context * ctx, ggml_tensor * as, ggml_tensor * b, ggml_tensor * ids,
+                                    dspark_mm_route route = dspark_mm_route::rows);
 
 // The name of a route, for logs and tests.
 const char * dspark_mm_route_name(dspark_mm_route route);
+
+// The C API's dspark_cpu_matmul: y [N][M] = w · x for w (M rows of K values of type `type`, w_size
+// bytes) and x [N][K] on the CPU through `route` ("auto", "blocks", "own", "rows", "ggml"), on
+// n_threads threads. Returns the route taken; throws dspark_error on bad input or a route this CPU
+// cannot run for the type.
+std::string dspark_matmul_cpu_run(const char * type, const void * w, size_t w_size, int64_t M, int64_t K, const float * x,
+                                  int64_t N, float * y, const char * route, int n_threads);

@@ -9,8 +9,7 @@
 #include <iterator>
 #include <strings.h>
 
-// The ggml type named `name` (any case) whose blocks divide rows of n_per_row values; throws otherwise.
-static ggml_type type_by_name(const char * name, int64_t n_per_row) {
+ggml_type dspark_type_by_name(const char * name, int64_t n_per_row) {
     if (name) {
         for (int t = 0; t < GGML_TYPE_COUNT; ++t) {
             const char * tn = ggml_type_name((ggml_type) t);
@@ -27,11 +26,11 @@ static ggml_type type_by_name(const char * name, int64_t n_per_row) {
 }
 
 int64_t dspark_quant_bytes(const char * type, int64_t n_rows, int64_t n_per_row) {
-    return (int64_t) ggml_row_size(type_by_name(type, n_per_row), n_per_row) * n_rows;
+    return (int64_t) ggml_row_size(dspark_type_by_name(type, n_per_row), n_per_row) * n_rows;
 }
 
 int64_t dspark_quantize_rows(const char * type, const float * src, void * dst, int64_t n_rows, int64_t n_per_row) {
-    const ggml_type t = type_by_name(type, n_per_row);
+    const ggml_type t = dspark_type_by_name(type, n_per_row);
     if (!src || !dst || n_rows < 0 || n_per_row <= 0) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_quantize: bad buffers or sizes");
     }
@@ -47,7 +46,7 @@ int64_t dspark_quantize_rows(const char * type, const float * src, void * dst, i
 }
 
 void dspark_dequantize_values(const char * type, const void * src, size_t src_size, float * dst, int64_t n) {
-    const ggml_type t = type_by_name(type, n);
+    const ggml_type t = dspark_type_by_name(type, n);
     if (!src || !dst || n < 0) {
         dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "dspark_dequantize: bad buffers or size");
     }

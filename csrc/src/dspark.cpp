@@ -13,6 +13,8 @@
 #include "dspark-impl.h"
 #include "dspark-model.h"
 #include "dspark-rpc.h"
+#include "dspark-cpu-isa.h"
+#include "dspark-matmul.h"
 
 #include <algorithm>
 #include <iterator>
@@ -144,6 +146,22 @@ int32_t dspark_dequantize(const char * type, const void * src, size_t src_size, 
         dspark_dequantize_values(type, src, src_size, dst, n);
         return DSPARK_STATUS_OK;
     });
+}
+
+int32_t dspark_cpu_matmul(const char * type, const void * w, size_t w_size, int64_t n_rows, int64_t n_per_row,
+                          const float * x, int64_t n_cols, float * y, const char * route, int32_t n_threads,
+                          char * route_out) {
+    return guard([&]() {
+        const std::string taken = dspark_matmul_cpu_run(type, w, w_size, n_rows, n_per_row, x, n_cols, y, route, n_threads);
+        if (route_out) {
+            snprintf(route_out, 16, "%s", taken.c_str());
+        }
+        return DSPARK_STATUS_OK;
+    });
+}
+
+const char * dspark_cpu_isa(void) {
+    return dspark_cpu_isa_name(dspark_cpu_isa_in_use());
 }
 
 // ---- devices -----------------------------------------------------------------------------------

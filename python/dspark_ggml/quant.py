@@ -37,3 +37,28 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...]) -> np.n
     _lib.check(lib.dspark_dequantize(type_name.encode(), ffi.from_buffer("uint8_t[]", raw), raw.size,
                                      ffi.from_buffer("float[]", out), n))
     return out.reshape(shape)
+
+
+def cpu_matmul(weight: np.ndarray, type_name: str, n_per_row: int, x: np.ndarray, *, route: str = "auto",
+               threads: int = 1) -> tuple[np.ndarray, str]:
+    """``weight · x`` on the CPU as the runtime computes it: ``weight`` the bytes of quantized rows
+    (:func:`quantize`'s output, [rows, row bytes]), ``x`` [columns, n_per_row] float32. Returns the
+    result [columns, rows] and the route taken. ``route``: "auto" (the runtime's plan), "blocks",
+    "own", "rows" or "ggml"; a route this CPU cannot run raises :class:`UnsupportedError`."""
+    w = np.ascontiguousarray(weight).view(np.uint8).reshape(-1)
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    if a.ndim != 2 or a.shape[1] != n_per_row:
+        raise InvalidArgumentError(f"cpu_matmul: x must be [columns, {n_per_row}], got {a.shape}")
+    n_rows = int(weight.shape[0]) if weight.ndim == 2 else 1
+    out = np.empty((a.shape[0], n_rows), dtype=np.float32)
+    lib, ffi = _lib.lib(), _lib.ffi()
+    taken = ffi.new("char[16]")
+    _lib.check(lib.dspark_cpu_matmul(type_name.encode(), ffi.from_buffer("uint8_t[]", w), w.size, n_rows, n_per_row,
+                                     ffi.from_buffer("float[]", a), a.shape[0], ffi.from_buffer("float[]", out),
+                                     route.encode(), threads, taken))
+    return out, ffi.string(taken).decode()
+
+
+def cpu_isa() -> str:
+    """The vector instructions the runtime's CPU kernels use here: "scalar", "avx2" or "avx512_vnni"."""
+    return _lib.ffi().string(_lib.lib().dspark_cpu_isa()).decode()

@@ -1,0 +1,108 @@
+"""What a verify costs on this CPU: the stream bandwidth, each type's bytes per decode step and the
+share of the bandwidth a step reaches, and a k-row verify in decode steps for k = 1..16 (SmolLM2-135M,
+ours; with llama.cpp's llama-bench pp k / pp1 on the same files where it is built).
+
+    python bench/bench_verify.py [--types q8_0 q4_0 Q4_1 ...] [--threads 2] [--repeats 3] [--k 1 2 4 9 16]
+                                 [--no-llama-cpp]
+
+One table per repeat (the machine is shared: read the rows next to each other, not across runs).
+A step and a k-row batch are timed at ~100 cells of context, each the best of 5 tries; the cost of
+a k-row verify is its time over one step's. llama-bench is bench/llama_cpp_build.py's build.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common import llama_bench, print_table, smollm2_file
+import llama_cpp_build
+
+import dspark_ggml as dg
+from dspark_ggml.quant import cpu_isa
+
+TYPES = ["f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q6_K", "iq4_nl", "Q4_K_M"]
+
+
+def stream_gbps(threads: int, mib: int = 1024) -> float:
+    """GB/s of `threads` threads each summing its share of a buffer far larger than the caches."""
+    a = np.ones(mib << 18, dtype=np.float32)
+    parts = np.array_split(a, threads)
+    best = 0.0
+    for _ in range(3):
+        workers = [threading.Thread(target=np.add.reduce, args=(p,)) for p in parts]  # reductions leave the GIL
+        t0 = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = max(best, a.nbytes / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def verify_costs(path: Path, threads: int, ks: list[int]) -> tuple[float, dict[int, float]]:
+    """(decode step ms, {k: k-row batch time / step time}), each the best of 5 tries."""
+    model = dg.Model(str(path))
+    ctx = dg.Context(model, n_ctx=512, n_batch=64, n_threads=threads)
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(100, 40000, 96)]
+    ctx.decode(prompt)
+    for k in ks:  # every shape's graph built before any clock
+        ctx.decode(prompt[:k], outputs=[True] * k)
+        ctx.kv_seq_rm(0, len(prompt))
+    step = float("inf")
+    batch = {k: float("inf") for k in ks}
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for t in prompt[:8]:
+            ctx.decode([t])
+        step = min(step, (time.perf_counter() - t0) / 8)
+        ctx.kv_seq_rm(0, len(prompt))
+        for k in ks:
+            t0 = time.perf_counter()
+            ctx.decode(prompt[:k], outputs=[True] * k)
+            batch[k] = min(batch[k], time.perf_counter() - t0)
+            ctx.kv_seq_rm(0, len(prompt))
+    ctx.close()
+    model.close()
+    return step * 1e3, {k: batch[k] / step for k in ks}
+
+
+def llama_cpp_costs(exe: Path, path: Path, threads: int, ks: list[int]) -> dict[int, float]:
+    """llama-bench's pp k time over its pp1 time (the same ratio as ours)."""
+    pp1, _ = llama_bench(exe, path, threads, 1, 0, reps=5)
+    return {k: (k / llama_bench(exe, path, threads, k, 0, reps=5)[0]) * pp1 for k in ks}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", nargs="+", default=TYPES)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--k", nargs="+", type=int, default=[1, 2, 4, 8, 9, 12, 16])
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    args = ap.parse_args()
+    exe = None if args.no_llama_cpp else llama_cpp_build.program("llama-bench")
+    gbps = stream_gbps(args.threads)
+    print(f"CPU kernels: {cpu_isa()}; stream read, {args.threads} threads: {gbps:.1f} GB/s"
+          f"{'' if exe else '; llama-bench not built (bench/llama_cpp_build.py --targets llama-bench)'}")
+    theirs = {t: llama_cpp_costs(exe, smollm2_file(t), args.threads, args.k) for t in args.types} if exe else {}
+    for rep in range(args.repeats):
+        rows = []
+        for t in args.types:
+            path = smollm2_file(t)
+            step, cost = verify_costs(path, args.threads, args.k)
+            mb = os.path.getsize(path) / 1e6
+            row = [t, f"{mb:.0f}", f"{step:.2f}", f"{mb / step:.1f}", f"{mb / step / gbps:.0%}"]
+            row += [f"{cost[k]:.2f}" + (f" / {theirs[t][k]:.2f}" if t in theirs else "") for k in args.k]
+            rows.append(row)
+        print(f"\nrun {rep + 1} of {args.repeats}: a k-row verify in decode steps" + (" (ours / llama-bench)" if theirs else ""))
+        print_table(["type", "MB/step", "step ms", "GB/s", "of stream"] + [f"k={k}" for k in args.k], rows)
+
+
+if __name__ == "__main__":
+    main()

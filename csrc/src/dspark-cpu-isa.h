@@ -1,0 +1,12 @@
+// Which vector instructions the CPU kernels may use, found at run time (a library built on one
+// machine may run on another), as ggml's CPU variants choose theirs.
+#pragma once
+
+// The instruction sets our kernels dispatch on, best last.
+enum class dspark_isa { scalar, avx2, avx512_vnni };
+
+// What this CPU runs: detected once (the instructions and the OS's consent to their registers).
+// DSPARK_CPU_ISA=scalar|avx2|avx512_vnni caps it, to force a lesser route on a machine that has more.
+dspark_isa dspark_cpu_isa_in_use();
+
+const char * dspark_cpu_isa_name(dspark_isa isa);

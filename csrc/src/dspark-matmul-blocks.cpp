@@ -1,0 +1,291 @@
+// Built with AVX-512 VNNI flags of its own (csrc/CMakeLists.txt), whatever the rest of the library
+// targets: nothing here runs unless dspark_blocks_available() said the CPU has the instructions.
+#include "dspark-matmul-blocks.h"
+
+#include "ggml-cpu.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#ifdef DSPARK_BLOCKS_KERNELS
+// GCC 12's AVX-512 intrinsics start results from _mm512_undefined_*(), which its flow analysis
+// reports as uninitialized once they are inlined here: a known false alarm.
+#    if defined(__GNUC__) && !defined(__clang__)
+#        pragma GCC diagnostic ignored "-Wuninitialized"
+#        pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#    endif
+#    include <immintrin.h>
+
+namespace {
+
+// A prepared column block: ggml's q8_0 codes of 32 values and what the float steps need.
+struct column_block {
+    int8_t  qs[32];
+    float   d;     // the block's scale
+    int32_t sum;   // Σ qs: times the weight type's code offset, taken off the integer
+    float   s;     // d · Σ qs: what a weight block's minimum multiplies (q4_1, q5_1)
+    int32_t pad;
+};
+static_assert(sizeof(column_block) == 48, "column block layout");
+
+struct q8_0_block { ggml_fp16_t d; int8_t qs[32]; };
+static_assert(sizeof(q8_0_block) == 34, "q8_0 layout");
+
+// Which weight row each vector lane holds after a type's transpose (see the loads below).
+constexpr int lane_row_pairs(int i) { return 8 * (i / 8) + 2 * (i % 4) + (i / 4) % 2; }  // 32-byte rows
+constexpr int lane_row_quads(int i) { return 4 * (i % 4) + i / 4; }                       // 16-byte rows
+
+// 16 rows of 32 bytes (rows 2p and 2p+1 in a[p]) → w[j], lane i = dword j of row lane_row_pairs(i).
+inline void transpose_pairs(const __m512i a[8], __m512i w[8]) {
+    __m512i b[2][4];
+    for (int g = 0; g < 2; ++g) {  // a 4x4 transpose of dwords in each 128-bit lane of a[4g..4g+3]
+        const __m512i t0 = _mm512_unpacklo_epi32(a[4 * g], a[4 * g + 1]), t1 = _mm512_unpackhi_epi32(a[4 * g], a[4 * g + 1]);
+        const __m512i t2 = _mm512_unpacklo_epi32(a[4 * g + 2], a[4 * g + 3]), t3 = _mm512_unpackhi_epi32(a[4 * g + 2], a[4 * g + 3]);
+        b[g][0] = _mm512_unpacklo_epi64(t0, t2);
+        b[g][1] = _mm512_unpackhi_epi64(t0, t2);
+        b[g][2] = _mm512_unpacklo_epi64(t1, t3);
+        b[g][3] = _mm512_unpackhi_epi64(t1, t3);
+    }
+    for (int q = 0; q < 4; ++q) {  // 128-bit lanes 0, 2 hold dword q of even / odd rows, 1, 3 dword q + 4
+        w[q] = _mm512_shuffle_i64x2(b[0][q], b[1][q], 0x88);
+        w[q + 4] = _mm512_shuffle_i64x2(b[0][q], b[1][q], 0xDD);
+    }
+}
+
+// 16 rows of 16 bytes (rows 4p..4p+3 in a[p]) → w[q], lane i = dword q of row lane_row_quads(i).
+inline void transpose_quads(const __m512i a[4], __m512i w[4]) {
+    const __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]), t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]), t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+    w[0] = _mm512_unpacklo_epi64(t0, t2);
+    w[1] = _mm512_unpackhi_epi64(t0, t2);
+    w[2] = _mm512_unpacklo_epi64(t1, t3);
+    w[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+inline __m512i load_pairs_row(const char * r0, const char * r1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) r0)),
+                              _mm256_loadu_si256((const __m256i *) r1), 1);
+}
+
+inline __m512i load_quads_row(const char * r0, const char * r1, const char * r2, const char * r3) {
+    __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *) r0));
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *) r1), 1);
+    v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *) r2), 2);
+    return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *) r3), 3);
+}
+
+// 16 nibble rows (at byte `qs` of each block) → codes: w[q] low nibbles (values 4q..4q+3),
+// w[q + 4] high nibbles (values 16 + 4q..): value j always sits against the column's dword j / 4.
+inline void nibble_codes(const char * const row[16], size_t qs, __m512i w[8]) {
+    __m512i a[4], t[4];
+    for (int p = 0; p < 4; ++p) {
+        a[p] = load_quads_row(row[4 * p] + qs, row[4 * p + 1] + qs, row[4 * p + 2] + qs, row[4 * p + 3] + qs);
+    }
+    transpose_quads(a, t);
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    for (int q = 0; q < 4; ++q) {
+        w[q] = _mm512_and_si512(t[q], low4);
+        w[q + 4] = _mm512_and_si512(_mm512_srli_epi16(t[q], 4), low4);
+    }
+}
+
+// q5's fifth bits: bit j of the 32-bit qh (per lane) goes to bit 4 of code j.
+inline void add_fifth_bits(__m512i qh, __m512i w[8]) {
+    alignas(64) static const int32_t SPREAD[16] = {  // 4 bits → bit 4 of each of 4 bytes
+        0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000, 0x00100010, 0x00101000, 0x00101010,
+        0x10000000, 0x10000010, 0x10001000, 0x10001010, 0x10100000, 0x10100010, 0x10101000, 0x10101010};
+    const __m512i spread = _mm512_load_si512(SPREAD);
+    for (int j = 0; j < 8; ++j) {
+        const __m512i t = _mm512_and_si512(_mm512_srli_epi32(qh, 4 * j), _mm512_set1_epi32(0xF));
+        w[j] = _mm512_or_si512(w[j], _mm512_permutexvar_epi32(t, spread));
+    }
+}
+
+// The weight types. Each gives, per block of its 16 rows, the unsigned codes as 8 vectors (dword j
+// of lane i: codes 4j..4j+3 of the lane's row), and where the block's d (and m, qh) sit. A code
+// is the value plus OFFSET (what VNNI's unsigned operand needs; OFFSET times the column's sum takes it off).
+struct w_q8_0 {
+    static constexpr size_t BYTES = 34, QH = 0;
+    static constexpr int32_t OFFSET = 128;
+    static constexpr bool HAS_MIN = false, HAS_QH = false;
+    static constexpr int LANES = 0;  // lane_row_pairs
+    static void codes(const char * const row[16], size_t off, __m512i, const char *, __m512i w[8]) {
+        __m512i a[8];
+        for (int p = 0; p < 8; ++p) {
+            a[p] = load_pairs_row(row[2 * p] + off + 2, row[2 * p + 1] + off + 2);
+        }
+        transpose_pairs(a, w);
+        for (int j = 0; j < 8; ++j) {
+            w[j] = _mm512_xor_si512(w[j], _mm512_set1_epi8((char) 0x80));  // int8 → value + 128
+        }
+    }
+};
+
+template <size_t BYTES_, size_t QS, size_t QH_, bool MIN>
+struct w_nibbles {
+    static constexpr size_t BYTES = BYTES_, QH = QH_;
+    static constexpr int32_t OFFSET = MIN ? 0 : QH_ ? 16 : 8;  // q4_0 codes are value + 8, q5_0's value + 16
+    static constexpr bool HAS_MIN = MIN, HAS_QH = QH_ != 0;
+    static constexpr int LANES = 1;  // lane_row_quads
+    static void codes(const char * const row[16], size_t off, __m512i gather_idx, const char * base, __m512i w[8]) {
+        nibble_codes(row, off + QS, w);
+        if constexpr (HAS_QH) {
+            add_fifth_bits(_mm512_i32gather_epi32(gather_idx, base + off + QH, 1), w);
+        }
+    }
+};
+using w_q4_0 = w_nibbles<18, 2, 0, false>;   // d, qs[16]
+using w_q4_1 = w_nibbles<20, 4, 0, true>;    // d, m, qs[16]
+using w_q5_0 = w_nibbles<22, 6, 2, false>;   // d, qh[4], qs[16]
+using w_q5_1 = w_nibbles<24, 8, 4, true>;    // d, m, qh[4], qs[16]
+
+inline int lane_row(int lanes, int i) { return lanes == 0 ? lane_row_pairs(i) : lane_row_quads(i); }
+
+// A block of 16 rows made ready for the columns: the codes transposed (lane = row) and the scales.
+struct rows_block {
+    __m512i w[8];
+    __m512  d, m;
+};
+
+// The 16 rows at row[] (contiguous: group_bytes from row[0]) made ready, block by block, while the
+// next 16 rows are fetched into the cache (16 short streams are more than the hardware prefetcher follows).
+template <class W>
+void prepare_rows(const char * const row[16], __m512i gather_idx, int64_t nb, size_t group_bytes, rows_block * out) {
+    const char * base = row[0];
+    const size_t ahead = (group_bytes + nb - 1) / nb;  // bytes of the next group to fetch per block
+    for (int64_t b = 0; b < nb; ++b) {
+        for (size_t o = (size_t) b * ahead; o < (size_t) (b + 1) * ahead; o += 64) {
+            _mm_prefetch(base + group_bytes + o, _MM_HINT_T0);
+        }
+        const size_t off = (size_t) b * W::BYTES;
+        W::codes(row, off, gather_idx, base, out[b].w);
+        const __m512i head = _mm512_i32gather_epi32(gather_idx, base + off, 1);  // d (and m) of each row
+        out[b].d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+        out[b].m = W::HAS_MIN ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))) : _mm512_setzero_ps();
+    }
+}
+
+// acc[c] (lanes = the 16 rows) for N columns over nb prepared blocks: the float steps of the header.
+template <int32_t OFFSET, bool HAS_MIN, int N>
+void columns_pass(const rows_block * blocks, int64_t nb, const column_block * const * cols, __m512 acc[N]) {
+    for (int c = 0; c < N; ++c) {
+        acc[c] = _mm512_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const rows_block & w = blocks[b];
+        for (int c = 0; c < N; ++c) {
+            const column_block & x = cols[c][b];
+            __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();  // two chains: the products' latency
+            for (int j = 0; j < 8; j += 2) {
+                int32_t x0, x1;
+                memcpy(&x0, x.qs + 4 * j, 4);
+                memcpy(&x1, x.qs + 4 * j + 4, 4);
+                i0 = _mm512_dpbusd_epi32(i0, w.w[j], _mm512_set1_epi32(x0));
+                i1 = _mm512_dpbusd_epi32(i1, w.w[j + 1], _mm512_set1_epi32(x1));
+            }
+            const __m512i i = _mm512_sub_epi32(_mm512_add_epi32(i0, i1), _mm512_set1_epi32(OFFSET * x.sum));
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(w.d, _mm512_set1_ps(x.d)), acc[c]);
+            if constexpr (HAS_MIN) {
+                acc[c] = _mm512_fmadd_ps(w.m, _mm512_set1_ps(x.s), acc[c]);
+            }
+        }
+    }
+}
+
+constexpr int MAX_COLUMNS = 8;  // columns per pass over a group of rows (the accumulators stay in registers)
+
+// y[c][r0 + row] for the first n_valid rows of the group, from acc in the lane order `lanes`.
+template <int32_t OFFSET, bool HAS_MIN, int N>
+void pass(const rows_block * blocks, int64_t nb, int lanes, const column_block * const * cols, float * const * y, int64_t r0,
+          int n_valid) {
+    __m512 acc[N];
+    columns_pass<OFFSET, HAS_MIN, N>(blocks, nb, cols, acc);
+    alignas(64) int32_t to_lane[16];  // row → its lane
+    for (int i = 0; i < 16; ++i) {
+        to_lane[lane_row(lanes, i)] = i;
+    }
+    const __m512i unshuffle = _mm512_load_si512(to_lane);
+    const __mmask16 valid = (__mmask16) ((1u << n_valid) - 1);
+    for (int c = 0; c < N; ++c) {
+        _mm512_mask_storeu_ps(y[c] + r0, valid, _mm512_permutexvar_ps(unshuffle, acc[c]));
+    }
+}
+
+template <class W>
+void rows(const char * data, size_t stride, int64_t K, int64_t n_rows, const column_block * const * cols, float * const * y,
+          int n_cols) {
+    using pass_fn = void (*)(const rows_block *, int64_t, int, const column_block * const *, float * const *, int64_t, int);
+    constexpr int32_t O = W::OFFSET;
+    constexpr bool M = W::HAS_MIN;
+    static const pass_fn passes[MAX_COLUMNS] = {pass<O, M, 1>, pass<O, M, 2>, pass<O, M, 3>, pass<O, M, 4>,
+                                                pass<O, M, 5>, pass<O, M, 6>, pass<O, M, 7>, pass<O, M, 8>};
+    const int64_t nb = K / 32;
+    static thread_local std::vector<rows_block> ready;  // one group of rows, made ready once for every pass
+    ready.resize((size_t) nb);
+    for (int64_t r0 = 0; r0 < n_rows; r0 += 16) {
+        const int n_valid = (int) std::min<int64_t>(16, n_rows - r0);
+        const char * row[16];
+        alignas(64) int32_t offsets[16];
+        for (int k = 0; k < 16; ++k) {  // past the end: the last row again
+            row[k] = data + (r0 + std::min(k, n_valid - 1)) * stride;
+            offsets[k] = (int32_t) (std::min(lane_row(W::LANES, k), n_valid - 1) * (int64_t) stride);  // lane k's row
+        }
+        prepare_rows<W>(row, _mm512_load_si512(offsets), nb, 16 * stride, ready.data());
+        // as even as the passes can be (9 columns: 5 + 4, not 8 + 1)
+        const int n_passes = (n_cols + MAX_COLUMNS - 1) / MAX_COLUMNS;
+        for (int p = 0, c0 = 0; p < n_passes; ++p) {
+            const int n = (n_cols - c0) / (n_passes - p);
+            passes[n - 1](ready.data(), nb, W::LANES, cols + c0, y + c0, r0, n_valid);
+            c0 += n;
+        }
+    }
+}
+
+}  // namespace
+
+size_t dspark_blocks_column_size(int64_t K) {
+    return sizeof(column_block) * (size_t) (K / 32);
+}
+
+void dspark_blocks_prepare(const float * x, int64_t K, void * column) {
+    const int64_t nb = K / 32;
+    static thread_local std::vector<q8_0_block> q;
+    q.resize((size_t) nb);
+    ggml_get_type_traits_cpu(GGML_TYPE_Q8_0)->from_float(x, q.data(), K);  // as ggml quantizes a column
+    column_block * out = (column_block *) column;
+    for (int64_t b = 0; b < nb; ++b) {
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i) {
+            sum += q[(size_t) b].qs[i];
+        }
+        memcpy(out[b].qs, q[(size_t) b].qs, 32);
+        out[b].d = _cvtsh_ss(q[(size_t) b].d);
+        out[b].sum = sum;
+        out[b].s = out[b].d * (float) sum;
+        out[b].pad = 0;
+    }
+}
+
+void dspark_blocks_rows(ggml_type type, const char * data, size_t row_stride, int64_t K, int64_t n_rows,
+                        const void * const * columns, float * const * y, int n_cols) {
+    const column_block * const * cols = (const column_block * const *) columns;
+    switch (type) {
+        case GGML_TYPE_Q8_0: rows<w_q8_0>(data, row_stride, K, n_rows, cols, y, n_cols); break;
+        case GGML_TYPE_Q4_0: rows<w_q4_0>(data, row_stride, K, n_rows, cols, y, n_cols); break;
+        case GGML_TYPE_Q4_1: rows<w_q4_1>(data, row_stride, K, n_rows, cols, y, n_cols); break;
+        case GGML_TYPE_Q5_0: rows<w_q5_0>(data, row_stride, K, n_rows, cols, y, n_cols); break;
+        case GGML_TYPE_Q5_1: rows<w_q5_1>(data, row_stride, K, n_rows, cols, y, n_cols); break;
+        default: GGML_ABORT("no blocks kernel for %s", ggml_type_name(type));
+    }
+}
+
+#else  // no kernels in this build: dspark_blocks_available() is false, so these are never called
+
+size_t dspark_blocks_column_size(int64_t K) { return (size_t) K; }
+void dspark_blocks_prepare(const float *, int64_t, void *) { GGML_ABORT("no blocks kernels in this build"); }
+void dspark_blocks_rows(ggml_type, const char *, size_t, int64_t, int64_t, const void * const *, float * const *, int) {
+    GGML_ABORT("no blocks kernels in this build");
+}
+
+#endif

@@ -1,0 +1,127 @@
+"""The CPU's weight matmuls, kernel by kernel (dspark_cpu_matmul): every column of a batch bit for bit
+the column computed alone, and each result against numpy's product of the dequantized weights.
+
+Block types (q8_0, q4_0, q4_1, q5_0, q5_1) on a CPU with AVX-512 VNNI take the `blocks` kernel
+(dspark-matmul-blocks.h), which multiplies by the column quantized to q8_0: its reference is the
+float64 product with that column, close to float rounding. Other types are checked for batch
+invariance and against the float product within their activation's quantization error. Each route
+this machine can run is forced in turn, and a lesser instruction set through DSPARK_CPU_ISA.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dspark_ggml.errors import InvalidArgumentError, UnsupportedError
+from dspark_ggml.quant import cpu_isa, cpu_matmul, dequantize, quantize
+
+BLOCK_TYPES = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
+OTHER_TYPES = ["f32", "f16", "bf16", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs"]
+COLUMNS = list(range(1, 18)) + [33]
+
+
+def routes_here(type_name: str) -> list[str]:
+    """The routes this CPU runs for the type: the runtime's own choice, the single-column kernel
+    per column, and the blocks kernel where the CPU has it."""
+    routes = ["auto", "rows"]
+    if type_name in BLOCK_TYPES and cpu_isa() == "avx512_vnni":
+        routes.append("blocks")
+    return routes
+
+
+def random_case(type_name: str, n_rows: int, n_per_row: int, n_cols: int, seed: int):
+    rng = np.random.default_rng(seed)
+    w = quantize(rng.standard_normal((n_rows, n_per_row)).astype(np.float32) * 0.2, type_name)
+    x = rng.standard_normal((n_cols, n_per_row)).astype(np.float32)
+    return w, dequantize(w, type_name, (n_rows, n_per_row)).astype(np.float64), x
+
+
+def q8_0_columns(x: np.ndarray) -> np.ndarray:
+    """The columns as the blocks kernel sees them: quantized to q8_0 (ggml's quantizer), as floats."""
+    return dequantize(quantize(x, "q8_0"), "q8_0", x.shape).astype(np.float64)
+
+
+def assert_every_column_as_alone(w, type_name, x, route, y):
+    for c in range(x.shape[0]):
+        alone, _ = cpu_matmul(w, type_name, x.shape[1], x[c:c + 1], route=route)
+        assert np.array_equal(alone[0].view(np.uint32), y[c].view(np.uint32)), f"{type_name} {route}: column {c} of {x.shape[0]}"
+
+
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
+@pytest.mark.parametrize("n_rows,n_per_row", [(1, 32), (15, 96), (17, 608), (50, 64), (33, 1536)])
+def test_block_types_against_numpy_and_alone(type_name: str, n_rows: int, n_per_row: int):
+    for route in routes_here(type_name):
+        for n_cols in (1, 2, 7, 9, 16, 17, 33):
+            w, wd, x = random_case(type_name, n_rows, n_per_row, n_cols, seed=n_rows * 1000 + n_cols)
+            y, taken = cpu_matmul(w, type_name, n_per_row, x, route=route, threads=2)
+            ref = q8_0_columns(x) @ wd.T
+            scale = np.abs(q8_0_columns(x)) @ np.abs(wd).T  # what float rounding is relative to
+            tol = 1e-6 if taken == "blocks" else 1e-3       # (ggml's q4_1 / q5_1 keep d·Σq in f16)
+            assert np.all(np.abs(y - ref) <= tol * scale + 1e-30), f"{type_name} {taken} n={n_cols}"
+            if n_cols in (9, 17, 33):
+                assert_every_column_as_alone(w, type_name, x, route, y)
+
+
+@pytest.mark.parametrize("type_name", BLOCK_TYPES + OTHER_TYPES)
+def test_every_type_every_column_count_is_the_column_alone(type_name: str):
+    n_per_row = 512 if type_name[-1] in "K" or type_name == "iq4_xs" else 608
+    w, wd, x = random_case(type_name, 37, n_per_row, max(COLUMNS), seed=7)
+    for route in routes_here(type_name):
+        alone = np.stack([cpu_matmul(w, type_name, n_per_row, x[c:c + 1], route=route)[0][0] for c in range(x.shape[0])])
+        ref = x.astype(np.float64) @ wd.T
+        scale = np.abs(x.astype(np.float64)) @ np.abs(wd).T
+        assert np.all(np.abs(alone - ref) <= 2e-2 * scale), f"{type_name} {route}"  # the activation's rounding at most
+        for n in COLUMNS:
+            first = n % 5  # batches start at different columns
+            y, _ = cpu_matmul(w, type_name, n_per_row, x[first:first + n], route=route, threads=2)
+            assert np.array_equal(y.view(np.uint32), alone[first:first + n].view(np.uint32)), f"{type_name} {route} n={n}"
+
+
+def test_the_runtime_picks_blocks_where_the_cpu_has_vnni():
+    w, _, x = random_case("q8_0", 16, 64, 3, seed=1)
+    _, taken = cpu_matmul(w, "q8_0", 64, x)
+    assert taken == ("blocks" if cpu_isa() == "avx512_vnni" else taken)
+    assert cpu_isa() in ("scalar", "avx2", "avx512_vnni")
+
+
+def test_bad_routes_are_refused():
+    w, _, x = random_case("f16", 16, 64, 2, seed=1)
+    with pytest.raises(InvalidArgumentError, match="unknown matmul route"):
+        cpu_matmul(w, "f16", 64, x, route="fastest")
+    with pytest.raises(UnsupportedError, match="route blocks cannot run f16"):
+        cpu_matmul(w, "f16", 64, x, route="blocks")
+    with pytest.raises(InvalidArgumentError, match="bytes"):
+        cpu_matmul(w.reshape(-1)[:-3], "f16", 64, x)  # bytes that are not whole rows
+
+
+LESSER_ISA = """
+import json, sys
+import numpy as np
+from dspark_ggml.quant import cpu_isa, cpu_matmul, quantize
+rng = np.random.default_rng(3)
+out = {"isa": cpu_isa(), "routes": {}, "invariant": True}
+for t in ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]:
+    w = quantize(rng.standard_normal((21, 96)).astype(np.float32), t)
+    x = rng.standard_normal((9, 96)).astype(np.float32)
+    y, route = cpu_matmul(w, t, 96, x)
+    out["routes"][t] = route
+    for c in range(9):
+        out["invariant"] &= bool(np.array_equal(cpu_matmul(w, t, 96, x[c:c + 1])[0][0], y[c]))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
+def test_a_lesser_instruction_set_takes_the_other_routes(isa: str):
+    env = dict(os.environ, DSPARK_CPU_ISA=isa)
+    res = subprocess.run([sys.executable, "-c", LESSER_ISA], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["isa"] in (isa, "scalar")
+    assert "blocks" not in out["routes"].values()
+    assert out["invariant"]
