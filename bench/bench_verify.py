@@ -47,7 +47,7 @@ def stream_gbps(threads: int, mib: int = 1024) -> float:
 def verify_costs(path: Path, threads: int, ks: list[int]) -> tuple[float, dict[int, float]]:
     """(decode step ms, {k: k-row batch time / step time}), each the best of 5 tries."""
     model = dg.Model(str(path))
-    ctx = dg.Context(model, n_ctx=512, n_batch=64, n_threads=threads)
+    ctx = dg.Context(model, n_ctx=512, n_batch=128, n_threads=threads)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(100, 40000, 96)]
     ctx.decode(prompt)

@@ -188,7 +188,7 @@ def llama_bench(exe: str | os.PathLike[str], path: Path, threads: int, pp: int, 
     out = subprocess.run([str(exe), "-m", str(path), "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", str(reps),
                           "-o", "json"], check=True, capture_output=True, text=True).stdout
     by = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in json.loads(out)}
-    return by["pp"], by["tg"]
+    return by["pp"], by.get("tg", 0.0)  # (tg 0: none)
 
 
 # ---- printing -------------------------------------------------------------------------------------
