@@ -15,4 +15,4 @@ ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     tests/test_gguf_file.py tests/test_load_validation.py tests/test_target.py tests/test_draft.py \
     tests/test_engine.py tests/test_engine_limits.py tests/test_llm.py tests/test_cli.py tests/test_c_api.py \
     tests/test_check.py tests/test_fuzz_requests.py tests/test_fuzz_gguf.py \
-    tests/test_engine_adjust.py tests/test_engine_constraint.py
+    tests/test_engine_adjust.py tests/test_engine_constraint.py tests/test_cpu_kernels.py
