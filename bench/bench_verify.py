@@ -3,7 +3,10 @@ share of the bandwidth a step reaches, and a k-row verify in decode steps for k 
 ours; with llama.cpp's llama-bench pp k / pp1 on the same files where it is built).
 
     python bench/bench_verify.py [--types q8_0 q4_0 Q4_1 ...] [--threads 2] [--repeats 3] [--k 1 2 4 9 16]
-                                 [--no-llama-cpp]
+                                 [--no-llama-cpp] [--isa avx512_vnni ...]
+
+`--isa` adds, under each type, the rows of this machine capped at lesser instruction sets
+(DSPARK_CPU_ISA, each in a process of its own), e.g. the AMX tiles against AVX-512 VNNI alone.
 
 One table per repeat (the machine is shared: read the rows next to each other, not across runs).
 A step and a k-row batch are timed at ~100 cells of context, each the best of 5 tries; the cost of
@@ -12,7 +15,10 @@ a k-row verify is its time over one step's. llama-bench is bench/llama_cpp_build
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -78,6 +84,16 @@ def llama_cpp_costs(exe: Path, path: Path, threads: int, ks: list[int]) -> dict[
     return {k: (k / llama_bench(exe, path, threads, k, 0, reps=5)[0]) * pp1 for k in ks}
 
 
+def costs_under(isa: str | None, path: Path, threads: int, ks: list[int]) -> tuple[float, dict[int, float]]:
+    """verify_costs in this process (isa None) or in a child capped at `isa` (DSPARK_CPU_ISA)."""
+    if isa is None:
+        return verify_costs(path, threads, ks)
+    cmd = [sys.executable, __file__, "--one", str(path), "--threads", str(threads), "--k", *map(str, ks)]
+    out = subprocess.run(cmd, env=dict(os.environ, DSPARK_CPU_ISA=isa), capture_output=True, text=True, check=True)
+    step, cost = json.loads(out.stdout.strip().splitlines()[-1])
+    return step, {int(k): v for k, v in cost.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", nargs="+", default=TYPES)
@@ -85,7 +101,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--k", nargs="+", type=int, default=[1, 2, 4, 8, 9, 12, 16])
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--isa", nargs="+", default=None,
+                    help="also rows for these capped instruction sets (DSPARK_CPU_ISA), e.g. avx512_vnni")
+    ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # a child of --isa: one file's costs as JSON
     args = ap.parse_args()
+    if args.one:
+        print(json.dumps(verify_costs(args.one, args.threads, args.k)))
+        return
     exe = None if args.no_llama_cpp else llama_cpp_build.program("llama-bench")
     gbps = stream_gbps(args.threads)
     print(f"CPU kernels: {cpu_isa()}; stream read, {args.threads} threads: {gbps:.1f} GB/s"
@@ -95,13 +117,14 @@ def main() -> None:
         rows = []
         for t in args.types:
             path = smollm2_file(t)
-            step, cost = verify_costs(path, args.threads, args.k)
-            mb = os.path.getsize(path) / 1e6
-            row = [t, f"{mb:.0f}", f"{step:.2f}", f"{mb / step:.1f}", f"{mb / step / gbps:.0%}"]
-            row += [f"{cost[k]:.2f}" + (f" / {theirs[t][k]:.2f}" if t in theirs else "") for k in args.k]
-            rows.append(row)
+            for isa in [None] + (args.isa or []):
+                step, cost = costs_under(isa, path, args.threads, args.k)
+                mb = os.path.getsize(path) / 1e6
+                row = [t, isa or cpu_isa(), f"{mb:.0f}", f"{step:.2f}", f"{mb / step:.1f}", f"{mb / step / gbps:.0%}"]
+                row += [f"{cost[k]:.2f}" + (f" / {theirs[t][k]:.2f}" if t in theirs and isa is None else "") for k in args.k]
+                rows.append(row)
         print(f"\nrun {rep + 1} of {args.repeats}: a k-row verify in decode steps" + (" (ours / llama-bench)" if theirs else ""))
-        print_table(["type", "MB/step", "step ms", "GB/s", "of stream"] + [f"k={k}" for k in args.k], rows)
+        print_table(["type", "kernels", "MB/step", "step ms", "GB/s", "of stream"] + [f"k={k}" for k in args.k], rows)
 
 
 if __name__ == "__main__":

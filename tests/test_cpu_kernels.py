@@ -21,6 +21,7 @@ from dspark_ggml.errors import InvalidArgumentError, UnsupportedError
 from dspark_ggml.quant import cpu_isa, cpu_matmul, dequantize, quantize
 
 BLOCK_TYPES = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
+BLOCKS_ISAS = ("avx512_vnni", "amx_int8")  # the instruction sets that run the blocks kernel
 OTHER_TYPES = ["f32", "f16", "bf16", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs"]
 COLUMNS = list(range(1, 18)) + [33]
 
@@ -29,7 +30,7 @@ def routes_here(type_name: str) -> list[str]:
     """The routes this CPU runs for the type: the runtime's own choice, the single-column kernel
     per column, and the blocks kernel where the CPU has it."""
     routes = ["auto", "rows"]
-    if type_name in BLOCK_TYPES and cpu_isa() == "avx512_vnni":
+    if type_name in BLOCK_TYPES and cpu_isa() in BLOCKS_ISAS:
         routes.append("blocks")
     return routes
 
@@ -85,8 +86,8 @@ def test_every_type_every_column_count_is_the_column_alone(type_name: str):
 def test_the_runtime_picks_blocks_where_the_cpu_has_vnni():
     w, _, x = random_case("q8_0", 16, 64, 3, seed=1)
     _, taken = cpu_matmul(w, "q8_0", 64, x)
-    assert taken == ("blocks" if cpu_isa() == "avx512_vnni" else taken)
-    assert cpu_isa() in ("scalar", "avx2", "avx512_vnni")
+    assert taken == ("blocks" if cpu_isa() in BLOCKS_ISAS else taken)
+    assert cpu_isa() in ("scalar", "avx2") + BLOCKS_ISAS
 
 
 def test_bad_routes_are_refused():
@@ -125,3 +126,37 @@ def test_a_lesser_instruction_set_takes_the_other_routes(isa: str):
     assert out["isa"] in (isa, "scalar")
     assert "blocks" not in out["routes"].values()
     assert out["invariant"]
+
+
+VNNI_ONLY = """
+import json, sys
+import numpy as np
+from dspark_ggml.quant import cpu_isa, cpu_matmul
+case = np.load(sys.argv[1])
+y, route = cpu_matmul(case["w"], str(case["type"]), int(case["k"]), case["x"], route="blocks", threads=2)
+np.save(sys.argv[2], y)
+print(json.dumps({"isa": cpu_isa(), "route": route}))
+"""
+
+
+@pytest.mark.skipif(cpu_isa() != "amx_int8", reason="needs AMX tiles granted by the OS (Intel Xeons from Sapphire Rapids)")
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
+def test_amx_tiles_give_the_vnni_pass_bits(type_name: str, tmp_path):
+    """The tile pass (6 columns and more) and the VNNI pass (DSPARK_CPU_ISA=avx512_vnni) compute the
+    same integers and the same float chain: every column, every batch size, the same bits."""
+    for n_rows, n_per_row in ((1, 32), (19, 96), (37, 608), (50, 1536)):
+        w, wd, x = random_case(type_name, n_rows, n_per_row, 70, seed=n_rows + n_per_row)
+        for n_cols in (5, 6, 9, 16, 17, 33, 70):  # one tile pass, two, several; the VNNI pass below 6
+            y, taken = cpu_matmul(w, type_name, n_per_row, x[:n_cols], route="blocks", threads=2)
+            case = tmp_path / "case.npz"
+            np.savez(case, w=w, x=x[:n_cols], type=type_name, k=n_per_row)
+            env = dict(os.environ, DSPARK_CPU_ISA="avx512_vnni")
+            res = subprocess.run([sys.executable, "-c", VNNI_ONLY, str(case), str(tmp_path / "y.npy")], env=env,
+                                 capture_output=True, text=True, timeout=300)
+            assert res.returncode == 0, res.stderr
+            assert json.loads(res.stdout.strip().splitlines()[-1]) == {"isa": "avx512_vnni", "route": "blocks"}
+            vnni = np.load(tmp_path / "y.npy")
+            assert np.array_equal(y.view(np.uint32), vnni.view(np.uint32)), f"{type_name} {n_rows}x{n_per_row} n={n_cols}"
+            ref = q8_0_columns(x[:n_cols]) @ wd.T  # and both right
+            scale = np.abs(q8_0_columns(x[:n_cols])) @ np.abs(wd).T
+            assert np.all(np.abs(y - ref) <= 1e-6 * scale + 1e-30)

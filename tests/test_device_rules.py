@@ -170,7 +170,7 @@ def test_every_mul_mat_id_meets_what_its_backend_requires(dense, moe, rules, mon
         rules(device)
         # the CPU's own q8_0 matmuls run the blocks kernel where it has AVX-512 VNNI (float steps of
         # their own), CUDA's rules ggml's: the same products then differ by more than rounding
-        blocks = type_name == "q8_0" and cpu_isa() == "avx512_vnni"
+        blocks = type_name == "q8_0" and cpu_isa() in ("avx512_vnni", "amx_int8")
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 if blocks else 2e-4, err_msg=type_name)
 
 

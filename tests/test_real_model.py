@@ -202,7 +202,7 @@ def test_perplexity_and_kld_match_llama_cpps_figures(smollm2: Path, requantized,
     # F16 weights with an f32 cache: the same numbers up to float rounding
     assert ref.ppl == pytest.approx(LLAMA_CPP_2_CHUNKS["ppl_base"], rel=2e-4)
     files = [str(smollm2), str(requantized("Q4_K_M"))]
-    if cpu_isa() == "avx512_vnni":
+    if cpu_isa() in ("avx512_vnni", "amx_int8"):
         # here the block types (all of Q4_1, the q5_0 / q8_0 tensors of Q4_K_M) take the blocks kernel,
         # whose column sums stay f32 where ggml's q8_1 keeps d·Σq in f16: at least as close to the base
         q = kl_divergence(files[0], base, text, n_threads=2)

@@ -123,8 +123,8 @@ DSPARK_API int32_t dspark_cpu_matmul(const char * type, const void * w, size_t w
                                      const float * x, int64_t n_cols, float * y, const char * route, int32_t n_threads,
                                      char * route_out);
 
-/* The vector instructions our CPU kernels use on this machine: "scalar", "avx2" or "avx512_vnni"
- * (DSPARK_CPU_ISA caps it). */
+/* The vector instructions our CPU kernels use on this machine: "scalar", "avx2", "avx512_vnni" or
+ * "amx_int8" (AVX-512 VNNI and AMX tiles the OS grants) (DSPARK_CPU_ISA caps it). */
 DSPARK_API const char * dspark_cpu_isa(void);
 
 /* ---- devices ------------------------------------------------------------------------------ */

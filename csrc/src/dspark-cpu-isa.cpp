@@ -4,6 +4,22 @@
 #include <initializer_list>
 #include <cstring>
 
+#if defined(__linux__) && defined(__x86_64__)
+#    include <sys/syscall.h>
+#    include <unistd.h>
+#endif
+
+// Linux keeps the AMX tile data out of a process's saved state until the process asks for it
+// (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); the grant holds for all its threads.
+static bool os_grants_amx_tiles() {
+#if defined(__linux__) && defined(__x86_64__) && defined(SYS_arch_prctl)
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
+}
+
 // What the CPU has. GCC and Clang's __builtin_cpu_supports checks the CPUID bits and, for the
 // AVX families, that the OS saves the registers (XGETBV).
 static dspark_isa detected() {
@@ -12,6 +28,11 @@ static dspark_isa detected() {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") &&
         __builtin_cpu_supports("fma")) {
+#    ifdef DSPARK_AMX_KERNELS
+        if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") && os_grants_amx_tiles()) {
+            return dspark_isa::amx_int8;
+        }
+#    endif
         return dspark_isa::avx512_vnni;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
@@ -26,6 +47,7 @@ const char * dspark_cpu_isa_name(dspark_isa isa) {
         case dspark_isa::scalar:      return "scalar";
         case dspark_isa::avx2:        return "avx2";
         case dspark_isa::avx512_vnni: return "avx512_vnni";
+        case dspark_isa::amx_int8:    return "amx_int8";
     }
     return "?";
 }
@@ -34,7 +56,7 @@ dspark_isa dspark_cpu_isa_in_use() {
     static const dspark_isa isa = [] {
         dspark_isa best = detected();
         const char * cap = getenv("DSPARK_CPU_ISA");
-        for (dspark_isa i : {dspark_isa::scalar, dspark_isa::avx2, dspark_isa::avx512_vnni}) {
+        for (dspark_isa i : {dspark_isa::scalar, dspark_isa::avx2, dspark_isa::avx512_vnni, dspark_isa::amx_int8}) {
             if (cap && strcmp(cap, dspark_cpu_isa_name(i)) == 0 && i < best) {
                 best = i;
             }

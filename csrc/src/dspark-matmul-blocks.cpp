@@ -195,12 +195,9 @@ void columns_pass(const rows_block * blocks, int64_t nb, const column_block * co
 
 constexpr int MAX_COLUMNS = 8;  // columns per pass over a group of rows (the accumulators stay in registers)
 
-// y[c][r0 + row] for the first n_valid rows of the group, from acc in the lane order `lanes`.
-template <int32_t OFFSET, bool HAS_MIN, int N>
-void pass(const rows_block * blocks, int64_t nb, int lanes, const column_block * const * cols, float * const * y, int64_t r0,
-          int n_valid) {
-    __m512 acc[N];
-    columns_pass<OFFSET, HAS_MIN, N>(blocks, nb, cols, acc);
+// y[c][r0 + row] = the lane of acc[c] that holds the row, for the first n_valid rows of the group.
+template <int N>
+void store_rows(const __m512 acc[N], int lanes, float * const * y, int64_t r0, int n_valid) {
     alignas(64) int32_t to_lane[16];  // row → its lane
     for (int i = 0; i < 16; ++i) {
         to_lane[lane_row(lanes, i)] = i;
@@ -209,6 +206,128 @@ void pass(const rows_block * blocks, int64_t nb, int lanes, const column_block *
     const __mmask16 valid = (__mmask16) ((1u << n_valid) - 1);
     for (int c = 0; c < N; ++c) {
         _mm512_mask_storeu_ps(y[c] + r0, valid, _mm512_permutexvar_ps(unshuffle, acc[c]));
+    }
+}
+
+// One pass of N columns over a group of rows (VNNI): y[c][r0 + row] for its first n_valid rows.
+template <int32_t OFFSET, bool HAS_MIN, int N>
+void pass(const rows_block * blocks, int64_t nb, int lanes, const column_block * const * cols, float * const * y, int64_t r0,
+          int n_valid) {
+    __m512 acc[N];
+    columns_pass<OFFSET, HAS_MIN, N>(blocks, nb, cols, acc);
+    store_rows<N>(acc, lanes, y, r0, n_valid);
+}
+
+#ifdef DSPARK_AMX_KERNELS
+// ---- AMX: the integer products of up to 16 columns at once ---------------------------------------
+//
+// One tile instruction (TDPBSUD: signed column codes x unsigned weight codes) gives the exact
+// integer of every (column, row) pair of a block: A holds a block of up to 16 columns (a row per
+// column, 32 codes), B the block's transposed weight codes as the columns pass reads them (8
+// dwords x 16 lanes = rows), C a row of 16 int32 per column, lanes = rows. The integers are the
+// VNNI pass's, and the float chain that follows is its chain step for step, so a column gets the
+// same bits from either (and a decode step, one column, keeps the VNNI pass).
+
+constexpr int AMX_COLUMNS = 16;      // the most rows of an A tile
+constexpr int AMX_MIN_COLUMNS = 6;   // fewer take the VNNI pass, faster there (tools: bench/bench_verify.py)
+constexpr int AMX_CHUNK = 4;         // blocks whose products are in flight together (C tiles 4..7)
+
+// A block of one pass's columns laid out for the A tile, with what their float steps read.
+struct amx_columns_block {
+    int8_t  qs[AMX_COLUMNS][32];  // rows past the pass's columns are zero
+    int32_t offset_sum[AMX_COLUMNS];  // OFFSET x Σ codes: taken off the integer, as the VNNI pass does
+    float   d[AMX_COLUMNS], s[AMX_COLUMNS];
+};
+
+struct tile_config {
+    uint8_t  palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {};
+    uint8_t  rows[16] = {};
+};
+
+// Tiles 0-1: A (n_rows columns of 32 codes), 2-3: B (8 rows of 64 bytes), 4-7: C (n_rows x 16 int32).
+inline void amx_configure(int n_rows) {
+    tile_config cfg;
+    for (int t = 0; t < 8; ++t) {
+        const bool a = t < 2, b = t == 2 || t == 3;
+        cfg.rows[t] = (uint8_t) (b ? 8 : n_rows);
+        cfg.colsb[t] = (uint16_t) (a ? 32 : 64);
+    }
+    _tile_loadconfig(&cfg);
+}
+
+// The columns cols[c0 .. c0 + n) of every block, for the A tile (done once per call, for all row groups).
+template <int32_t OFFSET>
+void amx_pack(const column_block * const * cols, int c0, int n, int64_t nb, amx_columns_block * out) {
+    for (int64_t b = 0; b < nb; ++b) {
+        amx_columns_block & p = out[b];
+        memset(&p, 0, sizeof(p));
+        for (int c = 0; c < n; ++c) {
+            const column_block & x = cols[c0 + c][b];
+            memcpy(p.qs[c], x.qs, 32);
+            p.offset_sum[c] = OFFSET * x.sum;
+            p.d[c] = x.d;
+            p.s[c] = x.s;
+        }
+    }
+}
+
+// A block's products into C tile 4 + T (A tile T % 2, B tile 2 + T % 2): C[c][lane] = Σ column c's
+// codes x the lane's row codes. (GCC's tile intrinsics take the tile numbers as literal text.)
+#    define DSPARK_AMX_PRODUCTS(T, A, B, columns, weights) \
+        do {                                    \
+            _tile_loadd(A, (columns).qs, 32);   \
+            _tile_loadd(B, (weights).w, 64);    \
+            _tile_zero(T);                      \
+            _tile_dpbsud(T, A, B);              \
+        } while (0)
+
+template <int32_t OFFSET, bool HAS_MIN, int N>
+inline void amx_float_steps(const int32_t (*products)[16], const amx_columns_block & x, const rows_block & w, __m512 acc[N]) {
+    for (int c = 0; c < N; ++c) {
+        const __m512i i = _mm512_sub_epi32(_mm512_load_si512(products[c]), _mm512_set1_epi32(x.offset_sum[c]));
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(w.d, _mm512_set1_ps(x.d[c])), acc[c]);
+        if constexpr (HAS_MIN) {
+            acc[c] = _mm512_fmadd_ps(w.m, _mm512_set1_ps(x.s[c]), acc[c]);
+        }
+    }
+}
+
+// The AMX pass: N columns (packed) over nb prepared blocks, AMX_CHUNK blocks' products at a time.
+template <int32_t OFFSET, bool HAS_MIN, int N>
+void amx_pass(const rows_block * blocks, int64_t nb, int lanes, const amx_columns_block * cols, float * const * y, int64_t r0,
+              int n_valid) {
+    __m512 acc[N];
+    for (int c = 0; c < N; ++c) {
+        acc[c] = _mm512_setzero_ps();
+    }
+    alignas(64) int32_t products[AMX_CHUNK][AMX_COLUMNS][16];
+    for (int64_t b0 = 0; b0 < nb; b0 += AMX_CHUNK) {
+        const int64_t n = std::min<int64_t>(AMX_CHUNK, nb - b0);
+        DSPARK_AMX_PRODUCTS(4, 0, 2, cols[b0], blocks[b0]);
+        if (n > 1) DSPARK_AMX_PRODUCTS(5, 1, 3, cols[b0 + 1], blocks[b0 + 1]);
+        if (n > 2) DSPARK_AMX_PRODUCTS(6, 0, 2, cols[b0 + 2], blocks[b0 + 2]);
+        if (n > 3) DSPARK_AMX_PRODUCTS(7, 1, 3, cols[b0 + 3], blocks[b0 + 3]);
+        _tile_stored(4, products[0], 64);
+        if (n > 1) _tile_stored(5, products[1], 64);
+        if (n > 2) _tile_stored(6, products[2], 64);
+        if (n > 3) _tile_stored(7, products[3], 64);
+        for (int64_t k = 0; k < n; ++k) {  // block order: the chain of the VNNI pass
+            amx_float_steps<OFFSET, HAS_MIN, N>(products[k], cols[b0 + k], blocks[b0 + k], acc);
+        }
+    }
+    store_rows<N>(acc, lanes, y, r0, n_valid);
+}
+#endif  // DSPARK_AMX_KERNELS
+
+// Passes as even as they can be: n_cols in passes of at most `most` columns (9 by 8: 5 + 4, not 8 + 1).
+template <class F>
+void balanced_passes(int n_cols, int most, F && pass) {
+    const int n_passes = (n_cols + most - 1) / most;
+    for (int p = 0, c0 = 0; p < n_passes; ++p) {
+        const int n = (n_cols - c0) / (n_passes - p);
+        pass(p, c0, n);
+        c0 += n;
     }
 }
 
@@ -221,6 +340,23 @@ void rows(const char * data, size_t stride, int64_t K, int64_t n_rows, const col
     static const pass_fn passes[MAX_COLUMNS] = {pass<O, M, 1>, pass<O, M, 2>, pass<O, M, 3>, pass<O, M, 4>,
                                                 pass<O, M, 5>, pass<O, M, 6>, pass<O, M, 7>, pass<O, M, 8>};
     const int64_t nb = K / 32;
+#ifdef DSPARK_AMX_KERNELS
+    using amx_pass_fn = void (*)(const rows_block *, int64_t, int, const amx_columns_block *, float * const *, int64_t, int);
+    static const amx_pass_fn amx_passes[AMX_COLUMNS] = {
+        amx_pass<O, M, 1>,  amx_pass<O, M, 2>,  amx_pass<O, M, 3>,  amx_pass<O, M, 4>,  amx_pass<O, M, 5>,  amx_pass<O, M, 6>,
+        amx_pass<O, M, 7>,  amx_pass<O, M, 8>,  amx_pass<O, M, 9>,  amx_pass<O, M, 10>, amx_pass<O, M, 11>, amx_pass<O, M, 12>,
+        amx_pass<O, M, 13>, amx_pass<O, M, 14>, amx_pass<O, M, 15>, amx_pass<O, M, 16>};
+    const bool amx = n_cols >= AMX_MIN_COLUMNS && dspark_cpu_isa_in_use() >= dspark_isa::amx_int8;
+    static thread_local std::vector<amx_columns_block> packed;  // every pass's columns, once for all row groups
+    if (amx) {
+        const int rows_a = std::min(n_cols, AMX_COLUMNS);
+        packed.resize((size_t) (nb * ((n_cols + AMX_COLUMNS - 1) / AMX_COLUMNS)));
+        balanced_passes(n_cols, AMX_COLUMNS, [&](int p, int c0, int n) { amx_pack<O>(cols, c0, n, nb, packed.data() + p * nb); });
+        amx_configure(rows_a);
+    }
+#else
+    const bool amx = false;
+#endif
     static thread_local std::vector<rows_block> ready;  // one group of rows, made ready once for every pass
     ready.resize((size_t) nb);
     for (int64_t r0 = 0; r0 < n_rows; r0 += 16) {
@@ -232,14 +368,23 @@ void rows(const char * data, size_t stride, int64_t K, int64_t n_rows, const col
             offsets[k] = (int32_t) (std::min(lane_row(W::LANES, k), n_valid - 1) * (int64_t) stride);  // lane k's row
         }
         prepare_rows<W>(row, _mm512_load_si512(offsets), nb, 16 * stride, ready.data());
-        // as even as the passes can be (9 columns: 5 + 4, not 8 + 1)
-        const int n_passes = (n_cols + MAX_COLUMNS - 1) / MAX_COLUMNS;
-        for (int p = 0, c0 = 0; p < n_passes; ++p) {
-            const int n = (n_cols - c0) / (n_passes - p);
-            passes[n - 1](ready.data(), nb, W::LANES, cols + c0, y + c0, r0, n_valid);
-            c0 += n;
+        if (!amx) {
+            balanced_passes(n_cols, MAX_COLUMNS, [&](int, int c0, int n) {
+                passes[n - 1](ready.data(), nb, W::LANES, cols + c0, y + c0, r0, n_valid);
+            });
+            continue;
         }
+#ifdef DSPARK_AMX_KERNELS
+        balanced_passes(n_cols, AMX_COLUMNS, [&](int p, int c0, int n) {
+            amx_passes[n - 1](ready.data(), nb, W::LANES, packed.data() + p * nb, y + c0, r0, n_valid);
+        });
+#endif
     }
+#ifdef DSPARK_AMX_KERNELS
+    if (amx) {
+        _tile_release();  // the tiles' state need not be saved at the next context switch
+    }
+#endif
 }
 
 }  // namespace

@@ -19,9 +19,14 @@
 //           (q, k and v share theirs) and multiplied together, 16 transposed weight rows at a time.
 //           A verify of 9 rows costs ~1.8-2.5 decode steps instead of 2.6-4.2 (Xeon, SmolLM2-135M),
 //           and decode itself streams the weights faster than ggml's vec_dot. These weights are not
-//           repacked. Without VNNI (AVX2 machines, DSPARK_CPU_ISA=avx2) they take the probed plans
-//           below. Still to come: AMX tiles for them (the int8 products of many columns at once) and
-//           the routes of the other types.
+//           repacked. Where the CPU also has AMX-INT8 and the OS grants the tiles (Sapphire Rapids
+//           on; not AMD Zen 4), passes of 6..16 columns take their integers from one tile
+//           instruction per block instead of 32 VNNI ones: the same exact integers and the same
+//           float chain, so the bits do not change (DSPARK_CPU_ISA=avx512_vnni keeps VNNI only). A
+//           decode step and batches of up to 5 keep VNNI, faster there. Without VNNI (AVX2 machines,
+//           DSPARK_CPU_ISA=avx2) they take the probed plans below. Still to come: the routes of the
+//           other types on these units, and weights kept in the transposed layout (making 16 rows
+//           ready, once per call, is most of a decode step's arithmetic).
 //
 // For the other types, rather than keep a table of which (type, CPU) pairs agree, each weight's plan
 // is found by running ggml itself: a probe multiplies a small random matrix of the weight's type and shape by 1..17 and

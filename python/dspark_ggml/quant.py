@@ -60,5 +60,6 @@ def cpu_matmul(weight: np.ndarray, type_name: str, n_per_row: int, x: np.ndarray
 
 
 def cpu_isa() -> str:
-    """The vector instructions the runtime's CPU kernels use here: "scalar", "avx2" or "avx512_vnni"."""
+    """The vector instructions the runtime's CPU kernels use here: "scalar", "avx2", "avx512_vnni" or
+    "amx_int8" (AVX-512 VNNI and the AMX tiles, granted by the OS)."""
     return _lib.ffi().string(_lib.lib().dspark_cpu_isa()).decode()
