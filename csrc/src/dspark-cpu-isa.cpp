@@ -5,9 +5,22 @@
 #include <cstring>
 
 #if defined(__linux__) && defined(__x86_64__)
+#    include <cpuid.h>
 #    include <sys/syscall.h>
 #    include <unistd.h>
 #endif
+
+#ifdef DSPARK_AMX_KERNELS
+// CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25), read directly (compilers name these
+// features differently in __builtin_cpu_supports, older ones not at all).
+static bool cpu_has_amx_int8() {
+#if defined(__linux__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 24 & 1) && (edx >> 25 & 1);
+#else
+    return false;
+#endif
+}
 
 // Linux keeps the AMX tile data out of a process's saved state until the process asks for it
 // (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); the grant holds for all its threads.
@@ -19,6 +32,7 @@ static bool os_grants_amx_tiles() {
     return false;
 #endif
 }
+#endif  // DSPARK_AMX_KERNELS
 
 // What the CPU has. GCC and Clang's __builtin_cpu_supports checks the CPUID bits and, for the
 // AVX families, that the OS saves the registers (XGETBV).
@@ -29,7 +43,7 @@ static dspark_isa detected() {
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") &&
         __builtin_cpu_supports("fma")) {
 #    ifdef DSPARK_AMX_KERNELS
-        if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") && os_grants_amx_tiles()) {
+        if (cpu_has_amx_int8() && os_grants_amx_tiles()) {
             return dspark_isa::amx_int8;
         }
 #    endif
