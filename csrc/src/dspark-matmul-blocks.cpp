@@ -166,6 +166,17 @@ void prepare_rows(const char * const row[16], __m512i gather_idx, int64_t nb, si
     }
 }
 
+// One block's float step for one column (lanes = the 16 rows), from its exact integer i (the
+// codes' offset already taken off): the chain of the header, the same for the VNNI and tile passes.
+template <bool HAS_MIN>
+inline __m512 chain_step(__m512 acc, __m512i i, const rows_block & w, float d_x, float s_x) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(w.d, _mm512_set1_ps(d_x)), acc);
+    if constexpr (HAS_MIN) {
+        acc = _mm512_fmadd_ps(w.m, _mm512_set1_ps(s_x), acc);
+    }
+    return acc;
+}
+
 // acc[c] (lanes = the 16 rows) for N columns over nb prepared blocks: the float steps of the header.
 template <int32_t OFFSET, bool HAS_MIN, int N>
 void columns_pass(const rows_block * blocks, int64_t nb, const column_block * const * cols, __m512 acc[N]) {
@@ -185,10 +196,7 @@ void columns_pass(const rows_block * blocks, int64_t nb, const column_block * co
                 i1 = _mm512_dpbusd_epi32(i1, w.w[j + 1], _mm512_set1_epi32(x1));
             }
             const __m512i i = _mm512_sub_epi32(_mm512_add_epi32(i0, i1), _mm512_set1_epi32(OFFSET * x.sum));
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(w.d, _mm512_set1_ps(x.d)), acc[c]);
-            if constexpr (HAS_MIN) {
-                acc[c] = _mm512_fmadd_ps(w.m, _mm512_set1_ps(x.s), acc[c]);
-            }
+            acc[c] = chain_step<HAS_MIN>(acc[c], i, w, x.d, x.s);
         }
     }
 }
@@ -229,7 +237,7 @@ void pass(const rows_block * blocks, int64_t nb, int lanes, const column_block *
 // same bits from either (and a decode step, one column, keeps the VNNI pass).
 
 constexpr int AMX_COLUMNS = 16;      // the most rows of an A tile
-constexpr int AMX_MIN_COLUMNS = 6;   // fewer take the VNNI pass, faster there (tools: bench/bench_verify.py)
+constexpr int AMX_MIN_COLUMNS = 6;   // fewer take the VNNI pass, faster there (one matmul, 1536x576, timed)
 constexpr int AMX_CHUNK = 4;         // blocks whose products are in flight together (C tiles 4..7)
 
 // A block of one pass's columns laid out for the A tile, with what their float steps read.
@@ -282,19 +290,16 @@ void amx_pack(const column_block * const * cols, int c0, int n, int64_t nb, amx_
             _tile_dpbsud(T, A, B);              \
         } while (0)
 
-template <int32_t OFFSET, bool HAS_MIN, int N>
+template <bool HAS_MIN, int N>
 inline void amx_float_steps(const int32_t (*products)[16], const amx_columns_block & x, const rows_block & w, __m512 acc[N]) {
     for (int c = 0; c < N; ++c) {
         const __m512i i = _mm512_sub_epi32(_mm512_load_si512(products[c]), _mm512_set1_epi32(x.offset_sum[c]));
-        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(w.d, _mm512_set1_ps(x.d[c])), acc[c]);
-        if constexpr (HAS_MIN) {
-            acc[c] = _mm512_fmadd_ps(w.m, _mm512_set1_ps(x.s[c]), acc[c]);
-        }
+        acc[c] = chain_step<HAS_MIN>(acc[c], i, w, x.d[c], x.s[c]);
     }
 }
 
 // The AMX pass: N columns (packed) over nb prepared blocks, AMX_CHUNK blocks' products at a time.
-template <int32_t OFFSET, bool HAS_MIN, int N>
+template <bool HAS_MIN, int N>
 void amx_pass(const rows_block * blocks, int64_t nb, int lanes, const amx_columns_block * cols, float * const * y, int64_t r0,
               int n_valid) {
     __m512 acc[N];
@@ -313,7 +318,7 @@ void amx_pass(const rows_block * blocks, int64_t nb, int lanes, const amx_column
         if (n > 2) _tile_stored(6, products[2], 64);
         if (n > 3) _tile_stored(7, products[3], 64);
         for (int64_t k = 0; k < n; ++k) {  // block order: the chain of the VNNI pass
-            amx_float_steps<OFFSET, HAS_MIN, N>(products[k], cols[b0 + k], blocks[b0 + k], acc);
+            amx_float_steps<HAS_MIN, N>(products[k], cols[b0 + k], blocks[b0 + k], acc);
         }
     }
     store_rows<N>(acc, lanes, y, r0, n_valid);
@@ -343,9 +348,9 @@ void rows(const char * data, size_t stride, int64_t K, int64_t n_rows, const col
 #ifdef DSPARK_AMX_KERNELS
     using amx_pass_fn = void (*)(const rows_block *, int64_t, int, const amx_columns_block *, float * const *, int64_t, int);
     static const amx_pass_fn amx_passes[AMX_COLUMNS] = {
-        amx_pass<O, M, 1>,  amx_pass<O, M, 2>,  amx_pass<O, M, 3>,  amx_pass<O, M, 4>,  amx_pass<O, M, 5>,  amx_pass<O, M, 6>,
-        amx_pass<O, M, 7>,  amx_pass<O, M, 8>,  amx_pass<O, M, 9>,  amx_pass<O, M, 10>, amx_pass<O, M, 11>, amx_pass<O, M, 12>,
-        amx_pass<O, M, 13>, amx_pass<O, M, 14>, amx_pass<O, M, 15>, amx_pass<O, M, 16>};
+        amx_pass<M, 1>,  amx_pass<M, 2>,  amx_pass<M, 3>,  amx_pass<M, 4>,  amx_pass<M, 5>,  amx_pass<M, 6>,
+        amx_pass<M, 7>,  amx_pass<M, 8>,  amx_pass<M, 9>,  amx_pass<M, 10>, amx_pass<M, 11>, amx_pass<M, 12>,
+        amx_pass<M, 13>, amx_pass<M, 14>, amx_pass<M, 15>, amx_pass<M, 16>};
     const bool amx = n_cols >= AMX_MIN_COLUMNS && dspark_cpu_isa_in_use() >= dspark_isa::amx_int8;
     static thread_local std::vector<amx_columns_block> packed;  // every pass's columns, once for all row groups
     if (amx) {
