@@ -6,7 +6,9 @@ ours; with llama.cpp's llama-bench pp k / pp1 on the same files where it is buil
                                  [--no-llama-cpp] [--isa avx512_vnni ...]
 
 `--isa` adds, under each type, the rows of this machine capped at lesser instruction sets
-(DSPARK_CPU_ISA, each in a process of its own), e.g. the AMX tiles against AVX-512 VNNI alone.
+(DSPARK_CPU_ISA, each in a process of its own), e.g. the AMX tiles against AVX-512 VNNI alone;
+`--plain` a row with the weights left in the plain layout (cpu_repack=False: the block types then
+transposed on every call instead of packed at load).
 
 One table per repeat (the machine is shared: read the rows next to each other, not across runs).
 A step and a k-row batch are timed at ~100 cells of context, each the best of 5 tries; the cost of
@@ -50,9 +52,9 @@ def stream_gbps(threads: int, mib: int = 1024) -> float:
     return best
 
 
-def verify_costs(path: Path, threads: int, ks: list[int]) -> tuple[float, dict[int, float]]:
+def verify_costs(path: Path, threads: int, ks: list[int], repack: bool = True) -> tuple[float, dict[int, float]]:
     """(decode step ms, {k: k-row batch time / step time}), each the best of 5 tries."""
-    model = dg.Model(str(path))
+    model = dg.Model(str(path), cpu_repack=repack)
     ctx = dg.Context(model, n_ctx=512, n_batch=128, n_threads=threads)
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(100, 40000, 96)]
@@ -103,6 +105,7 @@ def main() -> None:
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--isa", nargs="+", default=None,
                     help="also rows for these capped instruction sets (DSPARK_CPU_ISA), e.g. avx512_vnni")
+    ap.add_argument("--plain", action="store_true", help="also a row with the weights in the plain layout")
     ap.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # a child of --isa: one file's costs as JSON
     args = ap.parse_args()
     if args.one:
@@ -117,10 +120,13 @@ def main() -> None:
         rows = []
         for t in args.types:
             path = smollm2_file(t)
-            for isa in [None] + (args.isa or []):
-                step, cost = costs_under(isa, path, args.threads, args.k)
+            for isa in [None] + (args.isa or []) + (["plain"] if args.plain else []):
+                if isa == "plain":
+                    step, cost = verify_costs(path, args.threads, args.k, repack=False)
+                else:
+                    step, cost = costs_under(isa, path, args.threads, args.k)
                 mb = os.path.getsize(path) / 1e6
-                row = [t, isa or cpu_isa(), f"{mb:.0f}", f"{step:.2f}", f"{mb / step:.1f}", f"{mb / step / gbps:.0%}"]
+                row = [t, isa if isa and isa != "plain" else cpu_isa() + (", plain" if isa else ""), f"{mb:.0f}", f"{step:.2f}", f"{mb / step:.1f}", f"{mb / step / gbps:.0%}"]
                 row += [f"{cost[k]:.2f}" + (f" / {theirs[t][k]:.2f}" if t in theirs and isa is None else "") for k in args.k]
                 rows.append(row)
         print(f"\nrun {rep + 1} of {args.repeats}: a k-row verify in decode steps" + (" (ours / llama-bench)" if theirs else ""))

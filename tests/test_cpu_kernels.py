@@ -31,7 +31,7 @@ def routes_here(type_name: str) -> list[str]:
     per column, and the blocks kernel where the CPU has it."""
     routes = ["auto", "rows"]
     if type_name in BLOCK_TYPES and cpu_isa() in BLOCKS_ISAS:
-        routes.append("blocks")
+        routes += ["blocks", "blocks_plain"]  # the packed layout (a model's weights) and the plain one
     return routes
 
 
@@ -81,6 +81,19 @@ def test_every_type_every_column_count_is_the_column_alone(type_name: str):
             first = n % 5  # batches start at different columns
             y, _ = cpu_matmul(w, type_name, n_per_row, x[first:first + n], route=route, threads=2)
             assert np.array_equal(y.view(np.uint32), alone[first:first + n].view(np.uint32)), f"{type_name} {route} n={n}"
+
+
+@pytest.mark.skipif(cpu_isa() not in BLOCKS_ISAS, reason="the blocks kernel needs AVX-512 VNNI")
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
+def test_packed_weights_give_the_plain_layout_bits(type_name: str):
+    """A model's block weights are packed at load (groups of 16 rows in the kernel's layout, a last
+    group padded): every row count, every batch, the bits of the plain rows."""
+    for n_rows, n_per_row in ((1, 32), (17, 96), (31, 608), (48, 1536)):
+        w, _, x = random_case(type_name, n_rows, n_per_row, 33, seed=n_rows * 7 + n_per_row)
+        for n_cols in (1, 2, 5, 6, 9, 16, 17, 33):
+            packed, _ = cpu_matmul(w, type_name, n_per_row, x[:n_cols], route="blocks", threads=2)
+            plain, _ = cpu_matmul(w, type_name, n_per_row, x[:n_cols], route="blocks_plain", threads=2)
+            assert np.array_equal(packed.view(np.uint32), plain.view(np.uint32)), f"{type_name} {n_rows}x{n_per_row} n={n_cols}"
 
 
 def test_the_runtime_picks_blocks_where_the_cpu_has_vnni():

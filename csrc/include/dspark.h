@@ -222,7 +222,8 @@ struct dspark_model_params {
     int32_t draft_layer_offset;       /* drafts: added to every target layer id (to test conversions); default 0 */
     bool    use_mmap;                 /* map the file and compute from it without a copy (CPU); default true */
     bool    cpu_repack;               /* CPU: copy weights the backend can repack for faster matmuls (Q4_0, Q4_K,
-                                         IQ4_NL on AVX2) into that layout, as llama.cpp does; default true */
+                                         IQ4_NL on AVX2) into that layout, as llama.cpp does, and pack the
+                                         32-value block types for our kernel on AVX-512 VNNI; default true */
     float   tensor_split[DSPARK_MAX_DEVICES]; /* spread the repeating layers over devices in these
                                          proportions, by device index (like llama.cpp's --tensor-split); the
                                          embeddings, final norm and head stay on `device`. All 0 (default):

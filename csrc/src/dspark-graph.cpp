@@ -43,10 +43,11 @@ ggml_tensor * dspark_graph::mm(ggml_tensor * w, ggml_tensor * x, ggml_tensor * s
         ggml_tensor * y = dspark_matmul_channels(ctx, w, x, plan);  // CUDA: the same columns per channel in any batch
         return scale ? ggml_mul(ctx, y, scale) : y;
     }
-    if (!plain_2d && plan.route == dspark_mm_route::quads) {
-        // a repacked weight computes any batch exactly only through its plan: as one 2-D batch
+    if (!plain_2d && (plan.route == dspark_mm_route::quads || plan.route == dspark_mm_route::blocks)) {
+        // a repacked (or packed) weight computes any batch exactly only through its plan: as one 2-D batch
         ggml_tensor * x2 = ggml_reshape_2d(ctx, ggml_cont(ctx, x), x->ne[0], ggml_nelements(x) / x->ne[0]);
-        ggml_tensor * y2 = dspark_matmul_quads(ctx, w, x2);
+        ggml_tensor * y2 = plan.route == dspark_mm_route::quads ? dspark_matmul_quads(ctx, w, x2)
+                                                                : dspark_matmul_blocks(ctx, w, dspark_matmul_blocks_columns(ctx, x2, w));
         ggml_tensor * y = ggml_reshape_4d(ctx, y2, w->ne[1], x->ne[1], x->ne[2], x->ne[3]);
         return scale ? ggml_mul(ctx, y, scale) : y;
     }

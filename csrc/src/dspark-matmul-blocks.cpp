@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #ifdef DSPARK_BLOCKS_KERNELS
@@ -75,21 +76,6 @@ inline __m512i load_quads_row(const char * r0, const char * r1, const char * r2,
     return _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *) r3), 3);
 }
 
-// 16 nibble rows (at byte `qs` of each block) → codes: w[q] low nibbles (values 4q..4q+3),
-// w[q + 4] high nibbles (values 16 + 4q..): value j always sits against the column's dword j / 4.
-inline void nibble_codes(const char * const row[16], size_t qs, __m512i w[8]) {
-    __m512i a[4], t[4];
-    for (int p = 0; p < 4; ++p) {
-        a[p] = load_quads_row(row[4 * p] + qs, row[4 * p + 1] + qs, row[4 * p + 2] + qs, row[4 * p + 3] + qs);
-    }
-    transpose_quads(a, t);
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
-    for (int q = 0; q < 4; ++q) {
-        w[q] = _mm512_and_si512(t[q], low4);
-        w[q + 4] = _mm512_and_si512(_mm512_srli_epi16(t[q], 4), low4);
-    }
-}
-
 // q5's fifth bits: bit j of the 32-bit qh (per lane) goes to bit 4 of code j.
 inline void add_fifth_bits(__m512i qh, __m512i w[8]) {
     alignas(64) static const int32_t SPREAD[16] = {  // 4 bits → bit 4 of each of 4 bytes
@@ -102,36 +88,80 @@ inline void add_fifth_bits(__m512i qh, __m512i w[8]) {
     }
 }
 
-// The weight types. Each gives, per block of its 16 rows, the unsigned codes as 8 vectors (dword j
-// of lane i: codes 4j..4j+3 of the lane's row), and where the block's d (and m, qh) sit. A code
-// is the value plus OFFSET (what VNNI's unsigned operand needs; OFFSET times the column's sum takes it off).
+// The packed layout (dspark-matmul-blocks.h): each group of 16 rows is one contiguous record of
+// sections, every block's part of a section together,
+//     codes [nb][CODE_BYTES] | fifth bits [nb][64] (q5) | d [nb][16 f16] | m [nb][16 f16] (q4_1, q5_1)
+// where a block's codes are the transposed vectors the passes multiply (q8_0: 8 vectors of the
+// codes plus 128, unsigned; nibble types: 4 vectors of the 16 rows' raw qs bytes, split at run time)
+// and lane i of every section holds row lane_row(LANES, i). A group is 16 x the type's row bytes:
+// the plain layout's size, read as one stream, with no transpose and no gather per call.
+template <class W>
+struct group_layout {
+    int64_t nb;
+    size_t codes(int64_t b) const { return (size_t) b * W::CODE_BYTES; }
+    size_t qh(int64_t b) const { return (size_t) nb * W::CODE_BYTES + (size_t) b * 64; }
+    size_t d(int64_t b) const { return (size_t) nb * (W::CODE_BYTES + (W::HAS_QH ? 64 : 0)) + (size_t) b * 32; }
+    size_t m(int64_t b) const { return (size_t) nb * (W::CODE_BYTES + (W::HAS_QH ? 64 : 0) + 32) + (size_t) b * 32; }
+    size_t bytes() const { return (size_t) nb * 16 * W::BYTES; }
+};
+
+// The weight types. Each packs a block of its 16 rows (row[], the lanes' byte offsets from row[0]
+// in gather_idx) into the layout's sections, and unpacks them into the unsigned codes as 8 vectors
+// (dword j of lane i: codes 4j..4j+3 of the lane's row). A code is the value plus OFFSET (what
+// VNNI's unsigned operand needs; OFFSET times the column's sum takes it off).
 struct w_q8_0 {
-    static constexpr size_t BYTES = 34, QH = 0;
+    static constexpr size_t BYTES = 34, CODE_BYTES = 512;
     static constexpr int32_t OFFSET = 128;
     static constexpr bool HAS_MIN = false, HAS_QH = false;
     static constexpr int LANES = 0;  // lane_row_pairs
-    static void codes(const char * const row[16], size_t off, __m512i, const char *, __m512i w[8]) {
-        __m512i a[8];
+    static void pack_codes(const char * const row[16], size_t off, __m512i, const char *, char * codes, char *) {
+        __m512i a[8], w[8];
         for (int p = 0; p < 8; ++p) {
             a[p] = load_pairs_row(row[2 * p] + off + 2, row[2 * p + 1] + off + 2);
         }
         transpose_pairs(a, w);
         for (int j = 0; j < 8; ++j) {
-            w[j] = _mm512_xor_si512(w[j], _mm512_set1_epi8((char) 0x80));  // int8 → value + 128
+            _mm512_storeu_si512(codes + 64 * j, _mm512_xor_si512(w[j], _mm512_set1_epi8((char) 0x80)));  // int8 → value + 128
+        }
+    }
+    static void unpack_codes(const char * codes, const char *, __m512i w[8]) {
+        for (int j = 0; j < 8; ++j) {
+            w[j] = _mm512_loadu_si512(codes + 64 * j);
         }
     }
 };
 
 template <size_t BYTES_, size_t QS, size_t QH_, bool MIN>
 struct w_nibbles {
-    static constexpr size_t BYTES = BYTES_, QH = QH_;
+    static constexpr size_t BYTES = BYTES_, QH = QH_, CODE_BYTES = 256;
     static constexpr int32_t OFFSET = MIN ? 0 : QH_ ? 16 : 8;  // q4_0 codes are value + 8, q5_0's value + 16
     static constexpr bool HAS_MIN = MIN, HAS_QH = QH_ != 0;
     static constexpr int LANES = 1;  // lane_row_quads
-    static void codes(const char * const row[16], size_t off, __m512i gather_idx, const char * base, __m512i w[8]) {
-        nibble_codes(row, off + QS, w);
+    static void pack_codes(const char * const row[16], size_t off, __m512i gather_idx, const char * base, char * codes, char * qh) {
+        __m512i a[4], t[4];
+        for (int p = 0; p < 4; ++p) {
+            a[p] = load_quads_row(row[4 * p] + off + QS, row[4 * p + 1] + off + QS, row[4 * p + 2] + off + QS,
+                                  row[4 * p + 3] + off + QS);
+        }
+        transpose_quads(a, t);
+        for (int q = 0; q < 4; ++q) {
+            _mm512_storeu_si512(codes + 64 * q, t[q]);
+        }
         if constexpr (HAS_QH) {
-            add_fifth_bits(_mm512_i32gather_epi32(gather_idx, base + off + QH, 1), w);
+            _mm512_storeu_si512(qh, _mm512_i32gather_epi32(gather_idx, base + off + QH, 1));
+        }
+    }
+    // w[q] the low nibbles (values 4q..4q+3), w[q + 4] the high ones (16 + 4q..): value j always
+    // sits against the column's dword j / 4
+    static void unpack_codes(const char * codes, const char * qh, __m512i w[8]) {
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        for (int q = 0; q < 4; ++q) {
+            const __m512i t = _mm512_loadu_si512(codes + 64 * q);
+            w[q] = _mm512_and_si512(t, low4);
+            w[q + 4] = _mm512_and_si512(_mm512_srli_epi16(t, 4), low4);
+        }
+        if constexpr (HAS_QH) {
+            add_fifth_bits(_mm512_loadu_si512(qh), w);
         }
     }
 };
@@ -142,28 +172,53 @@ using w_q5_1 = w_nibbles<24, 8, 4, true>;    // d, m, qh[4], qs[16]
 
 inline int lane_row(int lanes, int i) { return lanes == 0 ? lane_row_pairs(i) : lane_row_quads(i); }
 
+// Rows r0 .. r0 + n_valid of the plain layout (row_stride bytes apart) packed into one group
+// (past the end: the last row again), while the next group's rows are fetched into the cache (16
+// short streams are more than the hardware prefetcher follows).
+template <class W>
+void pack_group(const char * data, size_t stride, int64_t r0, int n_valid, int64_t nb, char * out) {
+    const char * row[16];
+    alignas(64) int32_t offsets[16];
+    for (int k = 0; k < 16; ++k) {
+        row[k] = data + (r0 + std::min(k, n_valid - 1)) * stride;
+        offsets[k] = (int32_t) (std::min(lane_row(W::LANES, k), n_valid - 1) * (int64_t) stride);  // lane k's row
+    }
+    const __m512i gather_idx = _mm512_load_si512(offsets);
+    const char * base = row[0];
+    const size_t group_bytes = 16 * stride, ahead = (group_bytes + nb - 1) / nb;  // of the next group, per block
+    const group_layout<W> g{nb};
+    for (int64_t b = 0; b < nb; ++b) {
+        for (size_t o = (size_t) b * ahead; o < (size_t) (b + 1) * ahead; o += 64) {
+            _mm_prefetch(base + group_bytes + o, _MM_HINT_T0);
+        }
+        const size_t off = (size_t) b * W::BYTES;
+        W::pack_codes(row, off, gather_idx, base, out + g.codes(b), out + g.qh(b));
+        const __m512i head = _mm512_i32gather_epi32(gather_idx, base + off, 1);  // d (and m) of each row
+        _mm256_storeu_si256((__m256i *) (out + g.d(b)), _mm512_cvtepi32_epi16(head));
+        if constexpr (W::HAS_MIN) {
+            _mm256_storeu_si256((__m256i *) (out + g.m(b)), _mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+        }
+    }
+}
+
 // A block of 16 rows made ready for the columns: the codes transposed (lane = row) and the scales.
 struct rows_block {
     __m512i w[8];
     __m512  d, m;
 };
 
-// The 16 rows at row[] (contiguous: group_bytes from row[0]) made ready, block by block, while the
-// next 16 rows are fetched into the cache (16 short streams are more than the hardware prefetcher follows).
+// Block b of a packed group made ready, while a share of the group `next` (if any) is fetched
+// (all of it at once would stall on the cache's outstanding misses).
 template <class W>
-void prepare_rows(const char * const row[16], __m512i gather_idx, int64_t nb, size_t group_bytes, rows_block * out) {
-    const char * base = row[0];
-    const size_t ahead = (group_bytes + nb - 1) / nb;  // bytes of the next group to fetch per block
-    for (int64_t b = 0; b < nb; ++b) {
-        for (size_t o = (size_t) b * ahead; o < (size_t) (b + 1) * ahead; o += 64) {
-            _mm_prefetch(base + group_bytes + o, _MM_HINT_T0);
-        }
-        const size_t off = (size_t) b * W::BYTES;
-        W::codes(row, off, gather_idx, base, out[b].w);
-        const __m512i head = _mm512_i32gather_epi32(gather_idx, base + off, 1);  // d (and m) of each row
-        out[b].d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
-        out[b].m = W::HAS_MIN ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))) : _mm512_setzero_ps();
+inline void unpack_block(const char * group, int64_t nb, int64_t b, const char * next, rows_block & out) {
+    const group_layout<W> g{nb};
+    const size_t ahead = (g.bytes() + nb - 1) / nb;
+    for (size_t o = (size_t) b * ahead; next && o < (size_t) (b + 1) * ahead; o += 64) {
+        _mm_prefetch(next + o, _MM_HINT_T0);
     }
+    W::unpack_codes(group + g.codes(b), group + g.qh(b), out.w);
+    out.d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (group + g.d(b))));
+    out.m = W::HAS_MIN ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (group + g.m(b)))) : _mm512_setzero_ps();
 }
 
 // One block's float step for one column (lanes = the 16 rows), from its exact integer i (the
@@ -177,14 +232,15 @@ inline __m512 chain_step(__m512 acc, __m512i i, const rows_block & w, float d_x,
     return acc;
 }
 
-// acc[c] (lanes = the 16 rows) for N columns over nb prepared blocks: the float steps of the header.
-template <int32_t OFFSET, bool HAS_MIN, int N>
-void columns_pass(const rows_block * blocks, int64_t nb, const column_block * const * cols, __m512 acc[N]) {
+// acc[c] (lanes = the 16 rows) for N columns over nb blocks, block(b) giving each made ready: the
+// float steps of the header.
+template <int32_t OFFSET, bool HAS_MIN, int N, class Blocks>
+void columns_pass(int64_t nb, const column_block * const * cols, __m512 acc[N], Blocks && block) {
     for (int c = 0; c < N; ++c) {
         acc[c] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nb; ++b) {
-        const rows_block & w = blocks[b];
+        const rows_block & w = block(b);
         for (int c = 0; c < N; ++c) {
             const column_block & x = cols[c][b];
             __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();  // two chains: the products' latency
@@ -222,8 +278,22 @@ template <int32_t OFFSET, bool HAS_MIN, int N>
 void pass(const rows_block * blocks, int64_t nb, int lanes, const column_block * const * cols, float * const * y, int64_t r0,
           int n_valid) {
     __m512 acc[N];
-    columns_pass<OFFSET, HAS_MIN, N>(blocks, nb, cols, acc);
+    columns_pass<OFFSET, HAS_MIN, N>(nb, cols, acc, [&](int64_t b) -> const rows_block & { return blocks[b]; });
     store_rows<N>(acc, lanes, y, r0, n_valid);
+}
+
+// The same pass straight from a packed group, each block made ready in registers as it comes:
+// for a group's only pass (a decode step, a few columns) no copy of the ready blocks is kept.
+template <class W, int N>
+void pass_from_group(const char * group, const char * next, int64_t nb, const column_block * const * cols, float * const * y,
+                     int64_t r0, int n_valid) {
+    __m512 acc[N];
+    rows_block w;
+    columns_pass<W::OFFSET, W::HAS_MIN, N>(nb, cols, acc, [&](int64_t b) -> const rows_block & {
+        unpack_block<W>(group, nb, b, next, w);
+        return w;
+    });
+    store_rows<N>(acc, W::LANES, y, r0, n_valid);
 }
 
 #ifdef DSPARK_AMX_KERNELS
@@ -336,9 +406,13 @@ void balanced_passes(int n_cols, int most, F && pass) {
     }
 }
 
-template <class W>
-void rows(const char * data, size_t stride, int64_t K, int64_t n_rows, const column_block * const * cols, float * const * y,
-          int n_cols) {
+// y[c][r] for n_rows rows (groups of 16) and n_cols columns; group(g) gives group g packed (from
+// the packed weights, or packed on the spot from the plain ones) and the next one to fetch, if any.
+template <class W, class Group>
+void rows(Group && group, int64_t K, int64_t n_rows, const column_block * const * cols, float * const * y, int n_cols) {
+    if (n_cols < 1) {
+        return;
+    }
     using pass_fn = void (*)(const rows_block *, int64_t, int, const column_block * const *, float * const *, int64_t, int);
     constexpr int32_t O = W::OFFSET;
     constexpr bool M = W::HAS_MIN;
@@ -362,17 +436,22 @@ void rows(const char * data, size_t stride, int64_t K, int64_t n_rows, const col
 #else
     const bool amx = false;
 #endif
+    using group_pass_fn = void (*)(const char *, const char *, int64_t, const column_block * const *, float * const *, int64_t, int);
+    static const group_pass_fn group_passes[MAX_COLUMNS] = {
+        pass_from_group<W, 1>, pass_from_group<W, 2>, pass_from_group<W, 3>, pass_from_group<W, 4>,
+        pass_from_group<W, 5>, pass_from_group<W, 6>, pass_from_group<W, 7>, pass_from_group<W, 8>};
     static thread_local std::vector<rows_block> ready;  // one group of rows, made ready once for every pass
     ready.resize((size_t) nb);
     for (int64_t r0 = 0; r0 < n_rows; r0 += 16) {
         const int n_valid = (int) std::min<int64_t>(16, n_rows - r0);
-        const char * row[16];
-        alignas(64) int32_t offsets[16];
-        for (int k = 0; k < 16; ++k) {  // past the end: the last row again
-            row[k] = data + (r0 + std::min(k, n_valid - 1)) * stride;
-            offsets[k] = (int32_t) (std::min(lane_row(W::LANES, k), n_valid - 1) * (int64_t) stride);  // lane k's row
+        const auto [at, next] = group(r0 / 16);
+        if (!amx && n_cols <= MAX_COLUMNS) {  // one pass
+            group_passes[n_cols - 1](at, next, nb, cols, y, r0, n_valid);
+            continue;
         }
-        prepare_rows<W>(row, _mm512_load_si512(offsets), nb, 16 * stride, ready.data());
+        for (int64_t b = 0; b < nb; ++b) {
+            unpack_block<W>(at, nb, b, next, ready[(size_t) b]);
+        }
         if (!amx) {
             balanced_passes(n_cols, MAX_COLUMNS, [&](int, int c0, int n) {
                 passes[n - 1](ready.data(), nb, W::LANES, cols + c0, y + c0, r0, n_valid);
@@ -390,6 +469,54 @@ void rows(const char * data, size_t stride, int64_t K, int64_t n_rows, const col
         _tile_release();  // the tiles' state need not be saved at the next context switch
     }
 #endif
+}
+
+// The plain layout: each group packed on the spot.
+template <class W>
+void rows_plain(const char * data, size_t stride, int64_t K, int64_t n_rows, const column_block * const * cols, float * const * y,
+                int n_cols) {
+    const int64_t nb = K / 32;
+    static thread_local std::vector<char> scratch;
+    scratch.resize(group_layout<W>{nb}.bytes());
+    rows<W>([&](int64_t g) {
+        pack_group<W>(data, stride, 16 * g, (int) std::min<int64_t>(16, n_rows - 16 * g), nb, scratch.data());
+        return std::pair<const char *, const char *>(scratch.data(), nullptr);  // (pack_group fetches the next)
+    }, K, n_rows, cols, y, n_cols);
+}
+
+// The packed layout: the groups as they lie, the next one fetched while this one is multiplied.
+template <class W>
+void rows_packed(const char * packed, int64_t K, int64_t n_rows, const column_block * const * cols, float * const * y, int n_cols) {
+    const size_t group_bytes = group_layout<W>{K / 32}.bytes();
+    const int64_t n_groups = (n_rows + 15) / 16;
+    rows<W>([&](int64_t g) {
+        const char * at = packed + (size_t) g * group_bytes;
+        return std::pair<const char *, const char *>(at, g + 1 < n_groups ? at + group_bytes : nullptr);
+    }, K, n_rows, cols, y, n_cols);
+}
+
+template <class W>
+void pack(const char * data, size_t stride, int64_t K, int64_t n_rows, char * out) {
+    const int64_t nb = K / 32;
+    const size_t group_bytes = group_layout<W>{nb}.bytes();
+    for (int64_t r0 = 0; r0 < n_rows; r0 += 16) {
+        pack_group<W>(data, stride, r0, (int) std::min<int64_t>(16, n_rows - r0), nb, out + (size_t) (r0 / 16) * group_bytes);
+    }
+}
+
+template <class W> struct type_tag { using type = W; };
+
+// f(type_tag<W>) for the type's W.
+template <class F>
+void with_type(ggml_type type, F && f) {
+    switch (type) {
+        case GGML_TYPE_Q8_0: f(type_tag<w_q8_0>{}); break;
+        case GGML_TYPE_Q4_0: f(type_tag<w_q4_0>{}); break;
+        case GGML_TYPE_Q4_1: f(type_tag<w_q4_1>{}); break;
+        case GGML_TYPE_Q5_0: f(type_tag<w_q5_0>{}); break;
+        case GGML_TYPE_Q5_1: f(type_tag<w_q5_1>{}); break;
+        default: GGML_ABORT("no blocks kernel for %s", ggml_type_name(type));
+    }
 }
 
 }  // namespace
@@ -417,17 +544,24 @@ void dspark_blocks_prepare(const float * x, int64_t K, void * column) {
     }
 }
 
+size_t dspark_blocks_packed_size(ggml_type type, int64_t K, int64_t n_rows) {
+    return ggml_row_size(type, K) * (size_t) (16 * ((n_rows + 15) / 16));  // a group: 16 plain rows' bytes
+}
+
+void dspark_blocks_pack(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows, void * packed) {
+    with_type(type, [&](auto tag) { pack<typename decltype(tag)::type>(rows, row_stride, K, n_rows, (char *) packed); });
+}
+
 void dspark_blocks_rows(ggml_type type, const char * data, size_t row_stride, int64_t K, int64_t n_rows,
                         const void * const * columns, float * const * y, int n_cols) {
     const column_block * const * cols = (const column_block * const *) columns;
-    switch (type) {
-        case GGML_TYPE_Q8_0: rows<w_q8_0>(data, row_stride, K, n_rows, cols, y, n_cols); break;
-        case GGML_TYPE_Q4_0: rows<w_q4_0>(data, row_stride, K, n_rows, cols, y, n_cols); break;
-        case GGML_TYPE_Q4_1: rows<w_q4_1>(data, row_stride, K, n_rows, cols, y, n_cols); break;
-        case GGML_TYPE_Q5_0: rows<w_q5_0>(data, row_stride, K, n_rows, cols, y, n_cols); break;
-        case GGML_TYPE_Q5_1: rows<w_q5_1>(data, row_stride, K, n_rows, cols, y, n_cols); break;
-        default: GGML_ABORT("no blocks kernel for %s", ggml_type_name(type));
-    }
+    with_type(type, [&](auto tag) { rows_plain<typename decltype(tag)::type>(data, row_stride, K, n_rows, cols, y, n_cols); });
+}
+
+void dspark_blocks_rows_packed(ggml_type type, const void * packed, int64_t K, int64_t n_rows, const void * const * columns,
+                               float * const * y, int n_cols) {
+    const column_block * const * cols = (const column_block * const *) columns;
+    with_type(type, [&](auto tag) { rows_packed<typename decltype(tag)::type>((const char *) packed, K, n_rows, cols, y, n_cols); });
 }
 
 #else  // no kernels in this build: dspark_blocks_available() is false, so these are never called
@@ -435,6 +569,11 @@ void dspark_blocks_rows(ggml_type type, const char * data, size_t row_stride, in
 size_t dspark_blocks_column_size(int64_t K) { return (size_t) K; }
 void dspark_blocks_prepare(const float *, int64_t, void *) { GGML_ABORT("no blocks kernels in this build"); }
 void dspark_blocks_rows(ggml_type, const char *, size_t, int64_t, int64_t, const void * const *, float * const *, int) {
+    GGML_ABORT("no blocks kernels in this build");
+}
+size_t dspark_blocks_packed_size(ggml_type type, int64_t K, int64_t n_rows) { return ggml_row_size(type, K) * (size_t) n_rows; }
+void dspark_blocks_pack(ggml_type, const char *, size_t, int64_t, int64_t, void *) { GGML_ABORT("no blocks kernels in this build"); }
+void dspark_blocks_rows_packed(ggml_type, const void *, int64_t, int64_t, const void * const *, float * const *, int) {
     GGML_ABORT("no blocks kernels in this build");
 }
 

@@ -13,6 +13,12 @@
 // AMX-INT8 (dspark_isa::amx_int8), batches of 6 columns and more take each block's integers for up
 // to 16 columns from one tile product over the same transposed codes: the same integers, the same
 // chain, the same bits.
+//
+// Weights come in two layouts. Plain (ggml's rows): each call makes every group of 16 rows ready
+// (transposes the codes, gathers the scales), which is most of a decode step's arithmetic. Packed:
+// the model's block weights are put in that ready form once at load (dspark_blocks_pack, the same
+// bytes as the plain rows, one stream per group), so a call only splits nibbles and reads scales.
+// Both run the same passes: the same bits.
 #pragma once
 
 #include "dspark-cpu-isa.h"
@@ -46,3 +52,14 @@ void dspark_blocks_prepare(const float * x, int64_t K, void * column);
 // prepared columns (any count: taken eight at a time).
 void dspark_blocks_rows(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
                         const void * const * columns, float * const * y, int n_cols);
+
+// Bytes of n_rows rows of K values in the packed layout (whole groups of 16 rows).
+size_t dspark_blocks_packed_size(ggml_type type, int64_t K, int64_t n_rows);
+
+// n_rows plain rows (row_stride bytes apart) → the packed layout at `packed`
+// (dspark_blocks_packed_size bytes; a last group of fewer than 16 rows repeats its last row).
+void dspark_blocks_pack(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows, void * packed);
+
+// dspark_blocks_rows for packed weights: n_rows rows from the first row of the group at `packed`.
+void dspark_blocks_rows_packed(ggml_type type, const void * packed, int64_t K, int64_t n_rows, const void * const * columns,
+                               float * const * y, int n_cols);

@@ -99,7 +99,9 @@ void matmul_id_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * b = dst->src[1];
     const ggml_tensor * ids = dst->src[2];
     const int64_t M = as->ne[1], X = as->ne[2], U = ids->ne[0], T = ids->ne[1], B = b->ne[1];
-    const auto route = (dspark_mm_route) (intptr_t) userdata;  // rows or blocks
+    const auto route = (dspark_mm_route) ((intptr_t) userdata & 0xFF);  // rows or blocks
+    const bool packed = ((intptr_t) userdata >> 8) != 0;                  // blocks on packed experts
+    const size_t expert_bytes = packed ? dspark_blocks_packed_size(as->type, as->ne[0], M) : as->nb[2];
 
     static thread_local std::vector<prepared_columns> cols;  // per token
     static thread_local std::vector<std::vector<std::pair<int64_t, int64_t>>> routed;  // per expert: (u, t)
@@ -122,7 +124,7 @@ void matmul_id_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
         if (routed[(size_t) e].empty()) {
             continue;
         }
-        const char * w_data = (const char *) as->data + e * as->nb[2];
+        const char * w_data = (const char *) as->data + e * expert_bytes;
         for (int64_t blk = 0; blk < n_blocks; ++blk, ++item) {
             if (item % nth != ith) {
                 continue;
@@ -137,8 +139,13 @@ void matmul_id_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
                     columns.push_back(cols[(size_t) t].column(u % B));
                     outputs.push_back((float *) ((char *) dst->data + u * dst->nb[1] + t * dst->nb[2]) + r0);
                 }
-                dspark_blocks_rows(as->type, w_data + r0 * as->nb[1], as->nb[1], as->ne[0], r1 - r0, columns.data(),
-                                   outputs.data(), (int) columns.size());
+                if (packed) {
+                    dspark_blocks_rows_packed(as->type, w_data + dspark_blocks_packed_size(as->type, as->ne[0], r0),
+                                              as->ne[0], r1 - r0, columns.data(), outputs.data(), (int) columns.size());
+                } else {
+                    dspark_blocks_rows(as->type, w_data + r0 * as->nb[1], as->nb[1], as->ne[0], r1 - r0, columns.data(),
+                                       outputs.data(), (int) columns.size());
+                }
                 continue;
             }
             for (const auto & [u, t] : routed[(size_t) e]) {
@@ -160,7 +167,8 @@ static void blocks_columns_task(ggml_tensor * dst, int ith, int nth, void *) {
     }
 }
 
-static void blocks_matmul_task(ggml_tensor * dst, int ith, int nth, void *) {
+static void blocks_matmul_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    const bool packed = userdata != nullptr;
     const ggml_tensor * w = dst->src[0];
     const ggml_tensor * cols = dst->src[1];
     const int64_t M = w->ne[1], N = cols->ne[1];
@@ -177,8 +185,13 @@ static void blocks_matmul_task(ggml_tensor * dst, int ith, int nth, void *) {
         columns[(size_t) c] = (const char *) cols->data + c * cols->nb[1];
         outputs[(size_t) c] = (float *) ((char *) dst->data + c * dst->nb[1]) + r0;
     }
-    dspark_blocks_rows(w->type, (const char *) w->data + r0 * w->nb[1], w->nb[1], w->ne[0], r1 - r0, columns.data(),
-                       outputs.data(), (int) N);
+    if (packed) {  // r0 starts a group of 16 rows
+        dspark_blocks_rows_packed(w->type, (const char *) w->data + dspark_blocks_packed_size(w->type, w->ne[0], r0), w->ne[0],
+                                  r1 - r0, columns.data(), outputs.data(), (int) N);
+    } else {
+        dspark_blocks_rows(w->type, (const char *) w->data + r0 * w->nb[1], w->nb[1], w->ne[0], r1 - r0, columns.data(),
+                           outputs.data(), (int) N);
+    }
 }
 
 ggml_tensor * dspark_matmul_blocks_columns(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w) {
@@ -190,18 +203,49 @@ ggml_tensor * dspark_matmul_blocks_columns(ggml_context * ctx, ggml_tensor * x, 
                           blocks_columns_task, GGML_N_TASKS_MAX, nullptr);
 }
 
-ggml_tensor * dspark_matmul_blocks(ggml_context * ctx, ggml_tensor * w, ggml_tensor * columns) {
+ggml_tensor * dspark_matmul_blocks(ggml_context * ctx, ggml_tensor * w, ggml_tensor * columns, bool packed) {
     GGML_ASSERT(ggml_n_dims(w) <= 2 && columns->type == GGML_TYPE_I8 &&
                 (size_t) columns->ne[0] == dspark_blocks_column_size(w->ne[0]));
     ggml_tensor * args[2] = {w, columns};
     return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], columns->ne[1], 1, 1, args, 2, blocks_matmul_task, GGML_N_TASKS_MAX,
-                          nullptr);
+                          packed ? (void *) 1 : nullptr);
+}
+
+ggml_tensor * dspark_matmul_blocks(ggml_context * ctx, ggml_tensor * w, ggml_tensor * columns) {
+    return dspark_matmul_blocks(ctx, w, columns, dspark_matmul_is_packed(w));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights packed for the blocks route: the buffers that hold them (few: one per loaded file).
+
+static std::mutex packed_mutex;
+static std::vector<ggml_backend_buffer_t> packed_buffers;
+
+void dspark_matmul_hold_packed(ggml_backend_buffer_t buf, bool held) {
+    std::lock_guard<std::mutex> lock(packed_mutex);
+    auto it = std::find(packed_buffers.begin(), packed_buffers.end(), buf);
+    if (held && it == packed_buffers.end()) {
+        packed_buffers.push_back(buf);
+    } else if (!held && it != packed_buffers.end()) {
+        packed_buffers.erase(it);
+    }
+}
+
+bool dspark_matmul_is_packed(const ggml_tensor * w) {
+    std::lock_guard<std::mutex> lock(packed_mutex);
+    return w->buffer && std::find(packed_buffers.begin(), packed_buffers.end(), w->buffer) != packed_buffers.end();
+}
+
+bool dspark_matmul_packs(ggml_backend_dev_t dev, const ggml_tensor * w) {
+    const int nd = ggml_n_dims(w);
+    return (nd == 2 || nd == 3) && dspark_device_is_cpu(dev) && dspark_device_rules_of(dev) == dspark_device_rules::cpu &&
+           dspark_matmul_plan(ggml_backend_dev_buffer_type(dev), w->type, w->ne[0], w->ne[1]).route == dspark_mm_route::blocks;
 }
 
 ggml_tensor * dspark_matmul_node(ggml_context * ctx, ggml_tensor * w, ggml_tensor * x, dspark_mm_route route) {
     GGML_ASSERT(route != dspark_mm_route::ggml);
     if (route == dspark_mm_route::blocks) {
-        return dspark_matmul_blocks(ctx, w, dspark_matmul_blocks_columns(ctx, x, w));
+        return dspark_matmul_blocks(ctx, w, dspark_matmul_blocks_columns(ctx, x, w), false);
     }
     GGML_ASSERT(x->type == GGML_TYPE_F32 && x->nb[0] == sizeof(float) && x->ne[2] == 1 && x->ne[3] == 1);
     GGML_ASSERT(ggml_n_dims(w) <= 2 && w->ne[0] == x->ne[0]);
@@ -216,8 +260,9 @@ ggml_tensor * dspark_matmul_id_rows(ggml_context * ctx, ggml_tensor * as, ggml_t
     GGML_ASSERT(route == dspark_mm_route::rows || route == dspark_mm_route::blocks);
     GGML_ASSERT(as->ne[0] == b->ne[0] && ids->ne[1] == b->ne[2]);
     ggml_tensor * args[3] = {as, b, ids};
+    const intptr_t packed = route == dspark_mm_route::blocks && dspark_matmul_is_packed(as);
     return ggml_custom_4d(ctx, GGML_TYPE_F32, as->ne[1], ids->ne[0], ids->ne[1], 1, args, 3, matmul_id_task,
-                          GGML_N_TASKS_MAX, (void *) (intptr_t) route);
+                          GGML_N_TASKS_MAX, (void *) ((intptr_t) route | packed << 8));
 }
 
 // The columns left over after ggml's gemm took the groups of four, through our kernel for the
@@ -820,6 +865,11 @@ dspark_mm_plan dspark_matmul_plan_of(const ggml_tensor * w, bool id) {
     if (!w->buffer) {
         return {};
     }
+    if (dspark_matmul_is_packed(w)) {  // in the blocks route's layout: no other route can read it
+        dspark_mm_plan plan;
+        plan.route = dspark_mm_route::blocks;
+        return plan;
+    }
     ggml_backend_buffer_type_t buft = ggml_backend_buffer_get_type(w->buffer);
     ggml_backend_dev_t dev = ggml_backend_buft_get_device(buft);  // none for a mapped file's buffer
     switch (dspark_device_rules_of(dev)) {
@@ -872,15 +922,16 @@ static dspark_mm_route cpu_route_by_name(const char * name, ggml_type type, int6
     if (r == "rows") {
         return dspark_mm_route::rows;
     }
-    if (r == "blocks" || r == "own") {
-        const bool ok = r == "blocks" ? dspark_blocks_available(type, K) : dspark_own_dot_available(type, K);
+    if (r == "blocks" || r == "blocks_plain" || r == "own") {
+        const bool ok = r == "own" ? dspark_own_dot_available(type, K) : dspark_blocks_available(type, K);
         if (!ok) {
             dspark_throw(DSPARK_STATUS_UNSUPPORTED, "route %s cannot run %s rows of %lld on this CPU (%s)", r.c_str(),
                          ggml_type_name(type), (long long) K, dspark_cpu_isa_name(dspark_cpu_isa_in_use()));
         }
-        return r == "blocks" ? dspark_mm_route::blocks : dspark_mm_route::own;
+        return r == "own" ? dspark_mm_route::own : dspark_mm_route::blocks;
     }
-    dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown matmul route '%s' (auto, blocks, own, rows, ggml)", r.c_str());
+    dspark_throw(DSPARK_STATUS_INVALID_ARGUMENT, "unknown matmul route '%s' (auto, blocks, blocks_plain, own, rows, ggml)",
+                 r.c_str());
 }
 
 std::string dspark_matmul_cpu_run(const char * type_name, const void * w, size_t w_size, int64_t M, int64_t K, const float * x,
@@ -898,27 +949,48 @@ std::string dspark_matmul_cpu_run(const char * type_name, const void * w, size_t
         (!route_name || strcmp(route_name, "auto") == 0)) {
         route = dspark_mm_route::ggml;  // the plan's own route hands batches this large to ggml
     }
-    ggml_init_params ip = { 4 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    // a model's block weights are packed at load (the auto route takes them so too)
+    const bool packed = route == dspark_mm_route::blocks && (!route_name || strcmp(route_name, "blocks_plain") != 0);
+    ggml_init_params ip = { 5 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context * ctx = ggml_init(ip);
-    ggml_tensor * W = ggml_new_tensor_2d(ctx, type, K, M);
+    ggml_context * w_ctx = ggml_init(ip);  // W alone: packed, it lives in a buffer of its own size
+    ggml_tensor * W = ggml_new_tensor_2d(packed ? w_ctx : ctx, type, K, M);
     ggml_tensor * X = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, N);
-    ggml_tensor * Y = route == dspark_mm_route::ggml ? ggml_mul_mat(ctx, W, X) : dspark_matmul_node(ctx, W, X, route);
+    ggml_tensor * Y = route == dspark_mm_route::ggml   ? ggml_mul_mat(ctx, W, X)
+                    : route == dspark_mm_route::blocks ? dspark_matmul_blocks(ctx, W, dspark_matmul_blocks_columns(ctx, X, W), packed)
+                                                       : dspark_matmul_node(ctx, W, X, route);
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, Y);
     ggml_backend_t backend = dspark_backend_init(dspark_device_cpu());
     dspark_backend_set_threads(backend, n_threads);
     ggml_backend_buffer_t buf = ggml_backend_alloc_ctx_tensors(ctx, backend);
+    ggml_backend_buffer_t w_buf = nullptr;
+    if (packed) {
+        const size_t size = dspark_blocks_packed_size(type, K, M);
+        w_buf = ggml_backend_buft_alloc_buffer(ggml_backend_get_default_buffer_type(backend), size);
+        if (w_buf && ggml_backend_tensor_alloc(w_buf, W, ggml_backend_buffer_get_base(w_buf)) == GGML_STATUS_SUCCESS) {
+            dspark_blocks_pack(type, (const char *) w, ggml_row_size(type, K), K, M, W->data);
+        }
+    }
     ggml_status status = GGML_STATUS_ALLOC_FAILED;
-    if (buf) {
-        ggml_backend_tensor_set(W, w, 0, w_size);
+    if (buf && (!packed || W->data)) {
+        if (!packed) {
+            ggml_backend_tensor_set(W, w, 0, w_size);
+        }
         ggml_backend_tensor_set(X, x, 0, sizeof(float) * (size_t) (K * N));
         status = ggml_backend_graph_compute(backend, gf);
         if (status == GGML_STATUS_SUCCESS) {
             ggml_backend_tensor_get(Y, y, 0, sizeof(float) * (size_t) (M * N));
         }
+    }
+    if (buf) {
         ggml_backend_buffer_free(buf);
     }
+    if (w_buf) {
+        ggml_backend_buffer_free(w_buf);
+    }
     ggml_backend_free(backend);
+    ggml_free(w_ctx);
     ggml_free(ctx);
     if (status != GGML_STATUS_SUCCESS) {
         dspark_throw(DSPARK_STATUS_OUT_OF_MEMORY, "dspark_cpu_matmul: the graph did not run (%d)", (int) status);

@@ -18,15 +18,17 @@
 //           any number of columns, so no probe is needed; the columns are quantized once per input
 //           (q, k and v share theirs) and multiplied together, 16 transposed weight rows at a time.
 //           A verify of 9 rows costs ~1.8-2.5 decode steps instead of 2.6-4.2 (Xeon, SmolLM2-135M),
-//           and decode itself streams the weights faster than ggml's vec_dot. These weights are not
-//           repacked. Where the CPU also has AMX-INT8 and the OS grants the tiles (Sapphire Rapids
+//           and decode itself streams the weights faster than ggml's vec_dot. A model's weights of
+//           these types are packed at load (cpu_repack, on by default; dspark-weights.cpp) into
+//           the kernel's layout, groups of 16 rows transposed once, so a call no longer makes them
+//           ready (the same bytes, the same bits; decode ~1.5x faster on the Xeon), and a pass of
+//           up to 8 columns reads each block straight into registers. Where the CPU also has AMX-INT8 and the OS grants the tiles (Sapphire Rapids
 //           on; not AMD Zen 4), passes of 6..16 columns take their integers from one tile
 //           instruction per block instead of 32 VNNI ones: the same exact integers and the same
 //           float chain, so the bits do not change (DSPARK_CPU_ISA=avx512_vnni keeps VNNI only). A
 //           decode step and batches of up to 5 keep VNNI, faster there. Without VNNI (AVX2 machines,
-//           DSPARK_CPU_ISA=avx2) they take the probed plans below. Still to come: the routes of the
-//           other types on these units, and weights kept in the transposed layout (making 16 rows
-//           ready, once per call, is most of a decode step's arithmetic).
+//           DSPARK_CPU_ISA=avx2) they take the probed plans below (and are not packed). Still to
+//           come: the routes of the other types on these units.
 //
 // For the other types, rather than keep a table of which (type, CPU) pairs agree, each weight's plan
 // is found by running ggml itself: a probe multiplies a small random matrix of the weight's type and shape by 1..17 and
@@ -151,8 +153,19 @@ ggml_tensor * dspark_matmul_node(ggml_context * ctx, ggml_tensor * w, ggml_tenso
 // The blocks route in its two nodes: x [K, N] F32 (rows contiguous) quantized for the kernel
 // (I8 [column bytes, N], shareable by every weight of the block types that multiplies x; computed
 // where weight w is), and w · those columns → [M, N] F32.
+// w may be plain or packed (dspark_matmul_is_packed; the other form names the layout).
 ggml_tensor * dspark_matmul_blocks_columns(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w);
 ggml_tensor * dspark_matmul_blocks(ggml_context * ctx, ggml_tensor * w, ggml_tensor * columns);
+ggml_tensor * dspark_matmul_blocks(ggml_context * ctx, ggml_tensor * w, ggml_tensor * columns, bool packed);
+
+// Packed weights (dspark-matmul-blocks.h): weights of the blocks route kept in its layout from
+// load on, so that no call transposes them again. They sit in buffers held here (held = false when
+// the buffer is freed); only the blocks route reads them, so their plan is always blocks.
+// dspark_matmul_packs: would weight w (2-D, or 3-D experts), placed on dev, take the blocks route
+// there, and so be worth packing?
+void dspark_matmul_hold_packed(ggml_backend_buffer_t buf, bool held);
+bool dspark_matmul_is_packed(const ggml_tensor * w);
+bool dspark_matmul_packs(ggml_backend_dev_t dev, const ggml_tensor * w);
 
 // ggml_mul_mat_id by the rows route (or blocks: each expert's columns together): as [K, M, X]
 // experts, b [K, B, T] F32, ids I32 [U, T] → [M, U, T], column (u, t) = as[:, :, ids[u, t]] · b[:, u % B, t].
@@ -163,7 +176,8 @@ ggml_tensor * dspark_matmul_id_rows(ggml_context * ctx, ggml_tensor * as, ggml_t
 const char * dspark_mm_route_name(dspark_mm_route route);
 
 // The C API's dspark_cpu_matmul: y [N][M] = w · x for w (M rows of K values of type `type`, w_size
-// bytes) and x [N][K] on the CPU through `route` ("auto", "blocks", "own", "rows", "ggml"), on
+// bytes) and x [N][K] on the CPU through `route` ("auto", "blocks" (w packed first, as a model's
+// weights are), "blocks_plain", "own", "rows", "ggml"), on
 // n_threads threads. Returns the route taken; throws dspark_error on bad input or a route this CPU
 // cannot run for the type.
 std::string dspark_matmul_cpu_run(const char * type, const void * w, size_t w_size, int64_t M, int64_t K, const float * x,

@@ -151,7 +151,7 @@ dspark_model * dspark_model_load_draft(const std::string & path, const dspark_mo
     const dspark_placement where = placement_for(params, dev, (int) m->draft->hp.n_layer);
     dspark_rpc_check_alive(where.devices());
     m->weights->load(where, params.use_mmap, params.cpu_repack,
-                     {"token_embd.weight", "markov_w1.weight"});
+                     {"token_embd.weight", "markov_w1.weight", "markov_w2.weight"});  // (row lookups)
     m->device_names = names_of(m->weights->devices);
     if (m->draft->d2t) {
         m->d2t = read_d2t(*m);

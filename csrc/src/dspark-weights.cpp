@@ -3,6 +3,7 @@
 #include "dspark-backend.h"
 #include "dspark-impl.h"
 #include "dspark-matmul.h"
+#include "dspark-matmul-blocks.h"
 
 #include "ggml-alloc.h"
 
@@ -21,6 +22,7 @@ dspark_weights::dspark_weights(const std::string & path) : file(new dspark_gguf(
 
 dspark_weights::~dspark_weights() {
     for (ggml_backend_buffer_t b : buffers) {
+        dspark_matmul_hold_packed(b, false);
         ggml_backend_buffer_free(b);
     }
     if (copies_ctx) {
@@ -150,6 +152,55 @@ void dspark_weights::load_repacked(ggml_backend_buffer_type_t buft, const std::v
     n_repacked = tensors.size();
 }
 
+// Bytes of tensor t (2-D, or 3-D experts) in the packed layout.
+static size_t packed_bytes(const ggml_tensor * t) {
+    return dspark_blocks_packed_size(t->type, t->ne[0], t->ne[1]) * (size_t) t->ne[2];
+}
+
+// t's plain bytes `src` packed at `dst` (packed_bytes(t)), expert by expert.
+static void pack_tensor(const ggml_tensor * t, const char * src, char * dst) {
+    const size_t expert_bytes = dspark_blocks_packed_size(t->type, t->ne[0], t->ne[1]);
+    for (int64_t e = 0; e < t->ne[2]; ++e) {
+        dspark_blocks_pack(t->type, src + e * t->nb[2], t->nb[1], t->ne[0], t->ne[1], dst + e * expert_bytes);
+    }
+}
+
+ggml_backend_buffer_t dspark_weights::packed_buffer(ggml_backend_dev_t device, const std::vector<ggml_tensor *> & tensors) {
+    ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(device);
+    const size_t align = ggml_backend_buft_get_alignment(buft);
+    size_t size = 0;
+    for (ggml_tensor * t : tensors) {
+        size += GGML_PAD(packed_bytes(t), align);
+    }
+    ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(buft, size);
+    if (!buf) {
+        return nullptr;
+    }
+    buffers.push_back(buf);
+    ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    char * at = (char *) ggml_backend_buffer_get_base(buf);
+    for (ggml_tensor * t : tensors) {
+        if (ggml_backend_tensor_alloc(buf, t, at) != GGML_STATUS_SUCCESS) {
+            file->fail(DSPARK_STATUS_INTERNAL, std::string("could not place tensor '") + ggml_get_name(t) + "' packed");
+        }
+        at += GGML_PAD(packed_bytes(t), align);
+    }
+    dspark_matmul_hold_packed(buf, true);
+    n_repacked += tensors.size();
+    return buf;
+}
+
+bool dspark_weights::load_packed(ggml_backend_dev_t device, const std::vector<ggml_tensor *> & tensors) {
+    if (!packed_buffer(device, tensors)) {
+        return false;
+    }
+    for (ggml_tensor * t : tensors) {
+        pack_tensor(t, (const char *) map->addr + file->tensor_file_offset(gguf_find_tensor(file->gguf, ggml_get_name(t))),
+                    (char *) t->data);
+    }
+    return true;
+}
+
 void dspark_weights::fill_buffer(ggml_backend_buffer_t buf, const std::vector<ggml_tensor *> & tensors, const char * purpose) {
     buffers.push_back(buf);
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
@@ -245,11 +296,17 @@ bool dspark_weights::load_on(ggml_backend_dev_t device, const std::vector<ggml_t
     const bool from_map = use_mmap && props.caps.buffer_from_host_ptr;  // compute from the mapping
 
     std::vector<ggml_tensor *> rest;
-    std::vector<ggml_tensor *> repacked;
+    std::vector<ggml_tensor *> repacked, packed;
     ggml_backend_buffer_type_t rbuft = repack && dspark_device_is_cpu(device) ? cpu_repack_buft(device) : nullptr;
+    repack_enabled = repack_enabled || repack;
     for (ggml_tensor * t : tensors) {
         const int nd = ggml_n_dims(t);
-        const bool r = rbuft && (nd == 2 || nd == 3) && !gathered.count(ggml_get_name(t)) && repack_supports(device, rbuft, t);
+        const bool matmuls_only = (nd == 2 || nd == 3) && !gathered.count(ggml_get_name(t));
+        if (repack && matmuls_only && dspark_matmul_packs(device, t)) {
+            packed.push_back(t);
+            continue;
+        }
+        const bool r = rbuft && matmuls_only && repack_supports(device, rbuft, t);
         (r ? repacked : rest).push_back(t);
     }
     if (rbuft) {
@@ -257,6 +314,9 @@ bool dspark_weights::load_on(ggml_backend_dev_t device, const std::vector<ggml_t
     }
     if (!repacked.empty()) {
         load_repacked(rbuft, repacked);
+    }
+    if (!packed.empty() && !load_packed(device, packed)) {
+        rest.insert(rest.end(), packed.begin(), packed.end());  // no memory for a copy: the plain layout works too
     }
     if (rest.empty()) {
         return false;
@@ -306,7 +366,11 @@ bool dspark_weights::load_on(ggml_backend_dev_t device, const std::vector<ggml_t
 
 ggml_tensor * dspark_weights::repacked_copy(const std::string & name) {
     ggml_tensor * t = file->find_tensor(name);
-    if (!t || !repack_buft || !t->buffer || !dspark_device_is_cpu(dev) || !repack_supports(dev, repack_buft, t)) {
+    if (!t || !t->buffer || !repack_enabled || !dspark_device_is_cpu(dev)) {
+        return nullptr;
+    }
+    const bool pack = dspark_matmul_packs(dev, t);
+    if (!pack && (!repack_buft || !repack_supports(dev, repack_buft, t))) {
         return nullptr;
     }
     if (!copies_ctx) {
@@ -315,9 +379,18 @@ ggml_tensor * dspark_weights::repacked_copy(const std::string & name) {
     }
     ggml_tensor * copy = ggml_dup_tensor(copies_ctx, t);
     ggml_format_name(copy, "%s (repacked copy)", name.c_str());
+    std::vector<char> plain(ggml_nbytes(t));  // from the tensor (the file may no longer be mapped)
+    ggml_backend_tensor_get(t, plain.data(), 0, plain.size());
+    if (pack) {
+        if (!packed_buffer(dev, {copy})) {
+            return nullptr;  // the plain tensor still works
+        }
+        pack_tensor(copy, plain.data(), (char *) copy->data);
+        return copy;
+    }
     ggml_backend_buffer_t buf = ggml_backend_buft_alloc_buffer(repack_buft, ggml_backend_buft_get_alloc_size(repack_buft, copy));
     if (!buf) {
-        return nullptr;  // the plain tensor still works
+        return nullptr;
     }
     buffers.push_back(buf);
     ggml_backend_buffer_set_usage(buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
@@ -325,8 +398,7 @@ ggml_tensor * dspark_weights::repacked_copy(const std::string & name) {
     if (ggml_tallocr_alloc(&talloc, copy) != GGML_STATUS_SUCCESS) {
         return nullptr;
     }
-    const int64_t i = gguf_find_tensor(file->gguf, name.c_str());
-    ggml_backend_tensor_set(copy, (const char *) map->addr + file->tensor_file_offset(i), 0, ggml_nbytes(copy));
+    ggml_backend_tensor_set(copy, plain.data(), 0, plain.size());
     n_repacked++;
     return copy;
 }

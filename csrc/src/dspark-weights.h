@@ -55,12 +55,14 @@ struct dspark_weights {
     // with `repack`, matmul weights the CPU backend can repack into a faster layout (Q4_0, Q4_K,
     // IQ4_NL on AVX2, ...) are copied into its repack buffer, as llama.cpp does; `gathered` names
     // tensors read by row lookups (embeddings), which must keep the plain layout.
+    // With `repack`, weights of the blocks route (dspark-matmul.h: q8_0, q4_0, q4_1, q5_0, q5_1 on
+    // AVX-512 VNNI) are packed into its layout instead, in a buffer of their own.
     void load(const dspark_placement & placement, bool use_mmap, bool repack, const std::set<std::string> & gathered);
-    size_t n_repacked = 0;
+    size_t n_repacked = 0;  // by the CPU backend or packed by us
 
-    // After load: a repacked copy of a gathered tensor for its matmuls (a tied embedding table that
-    // is also the lm head), when the CPU repacks its type; null otherwise (use the tensor itself).
-    // llama.cpp duplicates such a tensor the same way.
+    // After load: a repacked (or packed) copy of a gathered tensor for its matmuls (a tied
+    // embedding table that is also the lm head), when the CPU repacks its type; null otherwise
+    // (use the tensor itself). llama.cpp duplicates such a tensor the same way.
     ggml_tensor * repacked_copy(const std::string & name);
 
   private:
@@ -72,6 +74,11 @@ struct dspark_weights {
     bool load_on(ggml_backend_dev_t device, const std::vector<ggml_tensor *> & tensors, bool use_mmap, bool repack,
                  const std::set<std::string> & gathered);
     void load_repacked(ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & tensors);
+    // Place the tensors in one new buffer of `device` in the blocks route's packed layout (false:
+    // no memory for it): packed_buffer places them, load_packed also packs their file data.
+    ggml_backend_buffer_t packed_buffer(ggml_backend_dev_t device, const std::vector<ggml_tensor *> & tensors);
+    bool load_packed(ggml_backend_dev_t device, const std::vector<ggml_tensor *> & tensors);
+    bool repack_enabled = false;
     // Keep buf (a weights buffer) and copy the tensors' file data into it, placed one after another.
     void fill_buffer(ggml_backend_buffer_t buf, const std::vector<ggml_tensor *> & tensors, const char * purpose);
 };
