@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, chat_prompts, decode_speed, print_table, prompt_texts
+from common import RESULTS, add_prompts_arg, chat_prompts, decode_speed, print_table, prompt_texts
 from tests.gguf_edit import rewrite_gguf
 
 import dspark_ggml as dg
@@ -61,6 +61,7 @@ def config(schedule: str) -> dg.SpeculativeConfig:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_prompts_arg(ap)
     ap.add_argument("--n-prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import SPEC_HEADERS, chat_prompts, decode_speed, llama_cpp_decode_speed, print_table, prompt_texts, \
+from common import add_prompts_arg, SPEC_HEADERS, chat_prompts, decode_speed, llama_cpp_decode_speed, print_table, prompt_texts, \
     smollm2_file, spec_cells
 import llama_cpp_build
 
@@ -145,6 +145,7 @@ def schedules(target: str, draft: str, tok: dg.Tokenizer, args) -> list:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_prompts_arg(ap)
     ap.add_argument("--target", help="target GGUF (default: the demo's)")
     ap.add_argument("--draft", help="draft GGUF (default: the demo's)")
     ap.add_argument("--n-prompts", type=int, default=8)

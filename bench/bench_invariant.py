@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 
-from common import chat_prompts, decode_speed, print_table, prompt_texts, smollm2_file
+from common import add_prompts_arg, chat_prompts, decode_speed, print_table, prompt_texts, smollm2_file
 
 TYPES = ["f16", "bf16", "q8_0", "q4_0", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs", "Q4_K_M"]
 MODES = {"invariant": {}, "ggml": {"DSPARK_CPU_MATMUL": "ggml"}}
@@ -44,6 +44,7 @@ def worker(args: argparse.Namespace) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_prompts_arg(ap)
     ap.add_argument("--types", nargs="+", default=TYPES)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--n-prompts", type=int, default=2)

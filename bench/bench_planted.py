@@ -39,7 +39,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from common import RESULTS, SPEC_HEADERS, cached_model, llama_cpp_decode_speed, print_table, prompt_texts, \
+from common import RESULTS, add_prompts_arg, SPEC_HEADERS, cached_model, llama_cpp_decode_speed, print_table, prompt_texts, \
     qwen3_0_6b, spec_cells
 from tests.gguf_edit import rewrite_gguf
 from tests.tiny_models import DraftConfig, TargetConfig, write_draft
@@ -211,6 +211,7 @@ def run_sampled(args: argparse.Namespace) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_prompts_arg(ap)
     both = argparse.ArgumentParser(add_help=False)
     both.add_argument("--n-prompts", type=int, default=3)
     both.add_argument("--max-tokens", type=int, default=64)

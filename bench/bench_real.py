@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, chat_prompts, decode_speed, llama_cpp_decode_speed, print_table, prompt_texts, smollm2_file
+from common import RESULTS, add_prompts_arg, chat_prompts, decode_speed, llama_cpp_decode_speed, print_table, prompt_texts, smollm2_file
 import llama_cpp_build
 
 import dspark_ggml as dg
@@ -99,6 +99,7 @@ def ours_kld(path: Path, base: Path, threads: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_prompts_arg(ap)
     ap.add_argument("--types", nargs="+", default=TYPES)
     ap.add_argument("--n-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)

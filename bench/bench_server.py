@@ -47,7 +47,7 @@ from pathlib import Path
 
 import httpx
 
-from common import print_table, prompt_texts
+from common import add_prompts_arg, print_table, prompt_texts
 from tests.server_process import HOST, ServerProcess, free_port
 
 
@@ -427,6 +427,7 @@ def _report_multi_turn(chosen: dict[str, Workload]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_prompts_arg(ap)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--requests", type=int, default=0,
                     help="requests per level (default: 4 per client, at least 8)")

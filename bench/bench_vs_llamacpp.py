@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from common import decode_speed, llama_cpp_decode_speed, print_table, prompt_texts, qwen3_0_6b
+from common import add_prompts_arg, decode_speed, llama_cpp_decode_speed, print_table, prompt_texts, qwen3_0_6b
 import llama_cpp_build
 
 import dspark_ggml as dg
@@ -28,6 +28,7 @@ RUNS = ["demo-target", "demo-spec", "f16", "q8_0", "q4_0"]
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_prompts_arg(ap)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-prompts", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -9,8 +9,10 @@ the prompts), how llama.cpp's are read from its programs' logs, what a speculati
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import platform
 import re
 import statistics
 import subprocess
@@ -68,21 +70,34 @@ def smollm2_file(type_name: str) -> Path:
 
 # ---- prompts --------------------------------------------------------------------------------------
 
+# Where the shared prompt sets are: --prompts DIR (add_prompts_arg), else ../shared/data/prompts
+# beside this checkout, whatever the package's install (editable or not).
+PROMPTS_DIR = REPO.parent / "shared" / "data" / "prompts"
+
+
+def add_prompts_arg(ap: argparse.ArgumentParser) -> None:
+    """The benchmark's --prompts DIR: the folder of the shared sets (humaneval.jsonl, gsm8k.jsonl, ...)."""
+    class _SetDir(argparse.Action):
+        def __call__(self, parser, namespace, value, option_string=None):
+            global PROMPTS_DIR
+            PROMPTS_DIR = Path(value)
+            setattr(namespace, self.dest, PROMPTS_DIR)
+
+    ap.add_argument("--prompts", metavar="DIR", action=_SetDir, default=PROMPTS_DIR,
+                    help=f"folder of the shared prompt sets (default {PROMPTS_DIR})")
+
+
 def prompt_texts(name: str | os.PathLike[str], n: int, last: bool = False) -> list[str]:
     """`short` (SHORT_PROMPTS), a shared set by name (`humaneval`, `gsm8k`, `mt-bench`, `mbpp`, in
-    ../shared/data/prompts beside the checkout, or beside the installed package) or a JSONL file:
-    the first turn of its first n prompts (`last`: of its last n)."""
+    PROMPTS_DIR) or a JSONL file: the first turn of its first n prompts (`last`: of its last n)."""
     if name == "short":
         return SHORT_PROMPTS[-n:] if last else SHORT_PROMPTS[:n]
-    from dspark_ggml.benchmark import default_prompt_file, load_prompts
+    from dspark_ggml.benchmark import load_prompts
 
-    shared = default_prompt_file()
-    candidates = [REPO.parent / "shared" / "data" / "prompts" / f"{name}.jsonl", Path(name)]
-    if shared:
-        candidates.insert(1, shared.parent / f"{name}.jsonl")
-    path = next((c for c in candidates if c.exists()), None)
+    path = next((c for c in (PROMPTS_DIR / f"{name}.jsonl", Path(name)) if c.is_file()), None)
     if path is None:
-        raise SystemExit(f"no prompt file for {name} (the shared sets are in ../shared/data/prompts)")
+        raise SystemExit(f"no prompt file for {name}: not {PROMPTS_DIR / f'{name}.jsonl'} nor a file "
+                         "(give the folder of the shared sets with --prompts DIR)")
     texts = load_prompts(path, 1 << 30 if last else n)
     return texts[-n:] if last else texts
 
@@ -205,8 +220,35 @@ def spec_cells(r: BenchRow) -> list[object]:
             round(r.verify_ms, 2), round(r.host_ms, 3), round(r.ideal_speedup, 2), round(r.measured_over_ideal, 2)]
 
 
+def machine_line() -> str:
+    """The CPU a run is on and what our kernels use there (the machines are not all the same CPU)."""
+    from dspark_ggml.quant import cpu_isa
+
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        name = re.search(r"^model name\s*:\s*(.*)$", info, re.M).group(1).strip()
+        flags = set(re.search(r"^flags\s*:\s*(.*)$", info, re.M).group(1).split())
+        family, model = (re.search(rf"^{key}\s*:\s*(\d+)$", info, re.M) for key in ("cpu family", "model"))
+        if family and model:  # Intel's generations share one model name under KVM
+            name += f" (family {family.group(1)} model {model.group(1)})"
+    except (OSError, AttributeError):
+        pass
+    units = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_int8", "amx_bf16") if f in flags]
+    return (f"CPU: {name}, {os.cpu_count()} cores; reports {' '.join(units) or 'no x86 vector flags'}; "
+            f"our kernels: {cpu_isa()}")
+
+
+_machine_shown = False
+
+
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    """A Markdown table, so it can be pasted into notes as it is."""
+    """A Markdown table, so it can be pasted into notes as it is; a process's first table is
+    preceded by the machine it ran on (machine_line)."""
+    global _machine_shown
+    if not _machine_shown:
+        print(machine_line())
+        _machine_shown = True
     cells = [[str(h) for h in headers]] + [[f"{c:.3g}" if isinstance(c, float) else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731

@@ -20,6 +20,7 @@ import pytest
 from dspark_ggml.context import Context
 from dspark_ggml.llm import LLM
 from dspark_ggml.model import Model
+from dspark_ggml.quant import cpu_isa
 from dspark_ggml.models import requantized as requantized_model, smollm2_path
 from dspark_ggml.tokenizer import Tokenizer
 from tests.gguf_edit import rewrite_gguf
@@ -89,6 +90,32 @@ def test_rows_alone_and_in_any_batch_are_bit_identical(requantized, type_name: s
     tokens = [int(t) for t in rng.integers(100, 40000, 17)]
     other = [int(t) for t in rng.integers(100, 40000, 30)]
     assert _rows_alone_and_batched(model, prompt, tokens, other) == []
+
+
+@pytest.mark.parametrize("type_name", ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"])
+def test_packed_block_weights_give_the_plain_layouts_logits(requantized, type_name: str):
+    """cpu_repack packs the block types for the blocks kernel at load (the lm head too, from the tied
+    embedding); cpu_repack=False leaves them plain. Every row of a decode and of a verify block has
+    the same bits either way (with mmap and without)."""
+    rng = np.random.default_rng(11)
+    prompt = [int(t) for t in rng.integers(100, 40000, 20)]
+    block = [int(t) for t in rng.integers(100, 40000, 9)]
+    logits = {}
+    for repack, mmap in ((True, True), (True, False), (False, True)):
+        model = Model(requantized(type_name), cpu_repack=repack, use_mmap=mmap)
+        if cpu_isa() in ("avx512_vnni", "amx_int8"):  # every matrix packed (7 per layer, the lm head's copy)
+            assert model.n_repacked == (7 * 30 + 1 if repack else 0)
+        ctx = Context(model, n_ctx=128, n_batch=32, n_threads=2)
+        ctx.decode(prompt)
+        step = ctx.get_logits(copy=True)[0]
+        ctx.decode(block, outputs=[True] * len(block))
+        logits[repack, mmap] = np.concatenate([step[None], ctx.get_logits(copy=True)])
+        ctx.close()
+        model.close()
+    plain = logits[False, True]
+    assert np.all(np.isfinite(plain))
+    for key in ((True, True), (True, False)):
+        assert np.array_equal(logits[key].view(np.uint32), plain.view(np.uint32)), f"{type_name} packed {key}"
 
 
 def _planted_draft(paths: list[list[int]], out: Path) -> Path:

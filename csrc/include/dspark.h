@@ -252,6 +252,8 @@ DSPARK_API int32_t      dspark_model_n_head_kv(const struct dspark_model * model
 DSPARK_API int32_t      dspark_model_n_ctx_train(const struct dspark_model * model);
 DSPARK_API uint64_t     dspark_model_n_params(const struct dspark_model * model);
 DSPARK_API uint64_t     dspark_model_size(const struct dspark_model * model); /* bytes of weights */
+/* weight tensors held in a faster CPU layout than the file's (repacked by ggml, packed for our kernel) */
+DSPARK_API int32_t      dspark_model_n_repacked(const struct dspark_model * model);
 
 /* ---- contexts (target) ---------------------------------------------------------------------- */
 

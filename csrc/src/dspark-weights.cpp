@@ -149,7 +149,7 @@ void dspark_weights::load_repacked(ggml_backend_buffer_type_t buft, const std::v
         file->fail(DSPARK_STATUS_OUT_OF_MEMORY, "not enough memory to repack the weights");
     }
     fill_buffer(buf, tensors, " for repacking");
-    n_repacked = tensors.size();
+    n_repacked += tensors.size();
 }
 
 // Bytes of tensor t (2-D, or 3-D experts) in the packed layout.

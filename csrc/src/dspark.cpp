@@ -450,6 +450,7 @@ int32_t dspark_model_n_head_kv(const struct dspark_model * m)   { return TARGET_
 int32_t dspark_model_n_ctx_train(const struct dspark_model * m) { return TARGET_HP(m, n_ctx_train); }
 uint64_t dspark_model_n_params(const struct dspark_model * m)   { return m ? m->weights->n_params : 0; }
 uint64_t dspark_model_size(const struct dspark_model * m)       { return m ? m->weights->n_bytes : 0; }
+int32_t dspark_model_n_repacked(const struct dspark_model * m)  { return m ? (int32_t) m->weights->n_repacked : 0; }
 
 // ---- contexts ------------------------------------------------------------------------------------
 

@@ -81,6 +81,8 @@ class Model(NativeHandle):
     n_ctx_train = int_property("dspark_model_n_ctx_train")
     n_params = int_property("dspark_model_n_params")
     size = int_property("dspark_model_size", "Bytes of weights.")
+    n_repacked = int_property("dspark_model_n_repacked",
+                              "Weight tensors held in a faster CPU layout than the file's (cpu_repack).")
 
     @property
     def metadata(self) -> dict[str, Any]:
