@@ -199,11 +199,11 @@ def llama_cpp_decode_speed(bin_dir: Path, target: Path, draft: Path | None, prom
 
 def llama_bench(exe: str | os.PathLike[str], path: Path, threads: int, pp: int, tg: int,
                 reps: int) -> tuple[float, float]:
-    """llama.cpp's llama-bench on a GGUF: (prompt tokens/s, generation tokens/s)."""
+    """llama.cpp's llama-bench on a GGUF: (prompt tokens/s, generation tokens/s; 0 for a side not run)."""
     out = subprocess.run([str(exe), "-m", str(path), "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", str(reps),
                           "-o", "json"], check=True, capture_output=True, text=True).stdout
     by = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in json.loads(out)}
-    return by["pp"], by.get("tg", 0.0)  # (tg 0: none)
+    return by.get("pp", 0.0), by.get("tg", 0.0)
 
 
 # ---- printing -------------------------------------------------------------------------------------

@@ -18,6 +18,9 @@ export GGML_VK_VISIBLE_DEVICES=0   # lavapipe is a CPU-type device, which ggml h
 info=$(.venv-vulkan/bin/dspark-ggml info --system)
 echo "$info"
 grep -q "Vulkan0" <<<"$info" || { echo "no Vulkan0 device: the device tests would only skip" >&2; exit 1; }
-# A hang in a driver is a failure too: dump the stacks and stop.
-timeout 1800 .venv-vulkan/bin/python -m pytest -q -m device tests/test_devices.py -o faulthandler_timeout=900 \
+# A hang in a driver is a failure too: dump the stacks and stop. With a cold Mesa shader cache
+# (a fresh machine) lavapipe compiles each pipeline on first use: one test alone can take 8 minutes
+# in LLVM (the iq4_nl row test, AMD EPYC Zen 4), the whole file ~21 minutes on 2 idle cores, more on
+# a loaded one; the limit leaves room for that.
+timeout 3300 .venv-vulkan/bin/python -m pytest -q -m device tests/test_devices.py -o faulthandler_timeout=900 \
     -p no:cacheprovider
