@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI step: a second, Vulkan-enabled copy of the package (its own venv and build directory) on
 # Mesa's lavapipe, and the device tests on Vulkan0. Fails when the device is missing rather than
-# letting the tests skip. About 7 minutes on 2 cores, most of it compiling ggml's shaders.
+# letting the tests skip. On 2 cores (AMD EPYC Zen 4): the build ~3.5 minutes, the tests ~21 with a
+# cold shader cache (see the limit below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,8 +20,7 @@ info=$(.venv-vulkan/bin/dspark-ggml info --system)
 echo "$info"
 grep -q "Vulkan0" <<<"$info" || { echo "no Vulkan0 device: the device tests would only skip" >&2; exit 1; }
 # A hang in a driver is a failure too: dump the stacks and stop. With a cold Mesa shader cache
-# (a fresh machine) lavapipe compiles each pipeline on first use: one test alone can take 8 minutes
-# in LLVM (the iq4_nl row test, AMD EPYC Zen 4), the whole file ~21 minutes on 2 idle cores, more on
-# a loaded one; the limit leaves room for that.
+# (a fresh machine) lavapipe compiles each pipeline on first use, in LLVM: the iq4_nl row test
+# alone takes ~8 minutes, 16 s warm; the limit leaves room for that on a loaded machine.
 timeout 3300 .venv-vulkan/bin/python -m pytest -q -m device tests/test_devices.py -o faulthandler_timeout=900 \
     -p no:cacheprovider
