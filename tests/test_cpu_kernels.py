@@ -23,13 +23,16 @@ from dspark_ggml.quant import cpu_isa, cpu_matmul, dequantize, quantize
 BLOCK_TYPES = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
 BLOCKS_ISAS = ("avx512_vnni", "amx_int8")  # the instruction sets that run the blocks kernel
 OTHER_TYPES = ["f32", "f16", "bf16", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs"]
+FLOAT_TYPES = ["f32", "f16", "bf16"]
 COLUMNS = list(range(1, 18)) + [33]
 
 
 def routes_here(type_name: str) -> list[str]:
     """The routes this CPU runs for the type: the runtime's own choice, the single-column kernel
-    per column, and the blocks kernel where the CPU has it."""
+    per column, our float kernel, and the blocks kernel where the CPU has it."""
     routes = ["auto", "rows"]
+    if type_name in FLOAT_TYPES and cpu_isa() != "scalar":
+        routes.append("own")  # our float kernel on every batch (the runtime hands it up to 16 columns)
     if type_name in BLOCK_TYPES and cpu_isa() in BLOCKS_ISAS:
         routes += ["blocks", "blocks_plain"]  # the packed layout (a model's weights) and the plain one
     return routes

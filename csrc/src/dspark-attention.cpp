@@ -145,10 +145,27 @@ inline __m256 load8(const ggml_tensor * t, int64_t head, int64_t c, int64_t d0) 
     return _mm256_loadu_ps((const float *) src + d0);
 }
 
+// Cache rows are strided in a head's view (every head of a cell side by side), a pattern the
+// hardware prefetchers follow poorly: the loads below ask for the cell AHEAD cells on from the one
+// they read, so a decode step, which reads each cell once, no longer waits on memory for each
+// (SmolLM2-135M iq4_nl at 500 cells, two Zen 4 cores: a step 6.3 -> 5.0 ms; 4.7 with the cache
+// rows always in cache; 12 to 48 cells ahead gave the same).
+constexpr int64_t AHEAD = 24;
+
+inline void prefetch_cell(const ggml_tensor * t, int64_t head, int64_t c) {
+    if (c < t->ne[1]) {
+        const char * src = (const char *) t->data + c * t->nb[1] + head * t->nb[2];
+        for (size_t b = 0; b < (size_t) t->ne[0] * ggml_type_size(t->type); b += 64) {
+            _mm_prefetch(src + b, _MM_HINT_T0);
+        }
+    }
+}
+
 // The values of cells [c0, c0 + n) as rows of D (row c at c·D); rows n..BLOCK-1 zeros.
 void load_values(const ggml_tensor * t, int64_t head, int64_t c0, int64_t n, float * out) {
     const int64_t D = t->ne[0];
     for (int64_t c = 0; c < n; ++c) {
+        prefetch_cell(t, head, c0 + c + AHEAD);
         for (int64_t d0 = 0; d0 < D; d0 += 8) {
             _mm256_storeu_ps(out + c * D + d0, load8(t, head, c0 + c, d0));
         }
@@ -180,6 +197,9 @@ inline void transpose8(__m256 r[8]) {
 void load_keys_transposed(const ggml_tensor * t, int64_t head, int64_t c0, int64_t n, float * out) {
     const int64_t D = t->ne[0];
     for (int64_t c = 0; c < BLOCK; c += 8) {
+        for (int64_t i = 0; i < 8; ++i) {
+            prefetch_cell(t, head, c0 + c + i + AHEAD);
+        }
         for (int64_t d0 = 0; d0 < D; d0 += 8) {
             __m256 r[8];
             for (int64_t i = 0; i < 8; ++i) {

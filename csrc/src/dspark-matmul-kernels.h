@@ -6,8 +6,9 @@
 //
 // float weights (f32, f16, bf16): llamafile's sgemm computes each output as one vector of partial
 //   sums, fused multiply-adds over the row in steps of the vector width, reduced at the end. The
-//   kernel here does the same per row, several rows at once for the pipelines; the column is
-//   converted once (to f32 from the f16 ggml rounds it to, or to bf16), not once per row.
+//   kernel here does the same per row and column, with the columns of a batch (up to 16 at once)
+//   passing over each row together; a column is converted once (to f32 from the f16 ggml rounds
+//   it to, or to bf16), not once per row.
 #pragma once
 
 #include "ggml.h"
@@ -27,6 +28,14 @@ void dspark_own_dot_prepare(ggml_type type, const float * x, int64_t K, void * p
 // y[r] = row r of w · the prepared column, for n_rows rows at `rows` (row_stride bytes apart).
 void dspark_own_dot_rows(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
                          const void * prepared, float * y);
+
+// Float weights (f32, f16, bf16): several columns over each row at once, the row read and converted
+// once for all of them, each column's bits those of dspark_own_dot_rows on it alone. Columns
+// prepared as for dspark_own_dot_rows, prepared_stride bytes apart; column c's results at
+// y + c·y_stride.
+bool dspark_own_dot_columns_available(ggml_type type, int64_t K);
+void dspark_own_dot_rows_columns(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
+                                 const void * prepared, size_t prepared_stride, int64_t n_cols, float * y, size_t y_stride);
 
 // The same for weights in ggml's repacked 8-row layout (q4_K as block_q4_Kx8), reproducing ggml's
 // gemm for that layout (the kernel its matmul uses on groups of four columns) one column at a time.

@@ -25,6 +25,9 @@
 
 namespace {
 
+// Batches of fewer columns than this run our float kernels where they take many columns at once
+// (verify blocks, the decode of many sequences); prefills keep ggml's matmul.
+constexpr int64_t OWN_COLUMNS_BELOW = 17;
 constexpr int64_t ROW_BLOCK = 16;  // weight rows kept in L1 while every column passes over them
 
 // The columns of x [K, N] (at i2) converted for the kernel: for vec_dot into the weight type's
@@ -84,8 +87,14 @@ void matmul_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const int64_t M = w->ne[1], N = x->ne[1];
     // contiguous shares: each thread streams its own part of the weight
     const int64_t n_blocks = (M + ROW_BLOCK - 1) / ROW_BLOCK;
+    const bool together = route == dspark_mm_route::own && dspark_own_dot_columns_available(w->type, w->ne[0]);
     for (int64_t b = n_blocks * ith / nth; b < n_blocks * (ith + 1) / nth; ++b) {
         const int64_t r0 = b * ROW_BLOCK, r1 = std::min(M, r0 + ROW_BLOCK);
+        if (together) {  // every column over each row at once
+            dspark_own_dot_rows_columns(w->type, (const char *) w->data + r0 * w->nb[1], w->nb[1], w->ne[0], r1 - r0,
+                                        cols.column(0), cols.bytes, N, (float *) dst->data + r0, dst->nb[1] / sizeof(float));
+            continue;
+        }
         for (int64_t c = 0; c < N; ++c) {
             dot_rows(w, (const char *) w->data, r0, r1, cols.column(c), route, (float *) ((char *) dst->data + c * dst->nb[1]));
         }
@@ -490,7 +499,9 @@ dspark_mm_plan probe(ggml_backend_buffer_type_t buft, ggml_type type, int64_t K,
         const int64_t from = agrees_from(run, run.own());
         if (from > 0 && from <= 17) {
             plan.route = dspark_mm_route::own;
-            plan.own_below = from;
+            // where ours takes many columns at once, a verify (and the decode of many sequences)
+            // is ours too: the bits ggml's batches give, at less than their cost
+            plan.own_below = dspark_own_dot_columns_available(type, K) ? std::max<int64_t>(from, OWN_COLUMNS_BELOW) : from;
         }
     } else if (!plain && M % 8 == 0 && dspark_own_dot_x8_available(type, K) && agrees_in_fours(run, run.own_x8())) {
         plan.route = dspark_mm_route::quads;
