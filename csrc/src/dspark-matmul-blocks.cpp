@@ -257,7 +257,10 @@ void columns_pass(int64_t nb, const column_block * const * cols, __m512 acc[N], 
     }
 }
 
-constexpr int MAX_COLUMNS = 8;  // columns per pass over a group of rows (the accumulators stay in registers)
+// columns per pass over a group of rows: the accumulators stay in registers (16 of the 32 with
+// the block made ready), and a verify block of 9..16 rows is one pass over the packed group, not
+// two over a copy of its ready blocks (9 rows of q8_0 on Zen 4: 15.7 -> 11.8 ms)
+constexpr int MAX_COLUMNS = 16;
 
 // y[c][r0 + row] = the lane of acc[c] that holds the row, for the first n_valid rows of the group.
 template <int N>
@@ -416,8 +419,10 @@ void rows(Group && group, int64_t K, int64_t n_rows, const column_block * const 
     using pass_fn = void (*)(const rows_block *, int64_t, int, const column_block * const *, float * const *, int64_t, int);
     constexpr int32_t O = W::OFFSET;
     constexpr bool M = W::HAS_MIN;
-    static const pass_fn passes[MAX_COLUMNS] = {pass<O, M, 1>, pass<O, M, 2>, pass<O, M, 3>, pass<O, M, 4>,
-                                                pass<O, M, 5>, pass<O, M, 6>, pass<O, M, 7>, pass<O, M, 8>};
+    static const pass_fn passes[MAX_COLUMNS] = {
+        pass<O, M, 1>,  pass<O, M, 2>,  pass<O, M, 3>,  pass<O, M, 4>,  pass<O, M, 5>,  pass<O, M, 6>,
+        pass<O, M, 7>,  pass<O, M, 8>,  pass<O, M, 9>,  pass<O, M, 10>, pass<O, M, 11>, pass<O, M, 12>,
+        pass<O, M, 13>, pass<O, M, 14>, pass<O, M, 15>, pass<O, M, 16>};
     const int64_t nb = K / 32;
 #ifdef DSPARK_AMX_KERNELS
     using amx_pass_fn = void (*)(const rows_block *, int64_t, int, const amx_columns_block *, float * const *, int64_t, int);
@@ -438,8 +443,10 @@ void rows(Group && group, int64_t K, int64_t n_rows, const column_block * const 
 #endif
     using group_pass_fn = void (*)(const char *, const char *, int64_t, const column_block * const *, float * const *, int64_t, int);
     static const group_pass_fn group_passes[MAX_COLUMNS] = {
-        pass_from_group<W, 1>, pass_from_group<W, 2>, pass_from_group<W, 3>, pass_from_group<W, 4>,
-        pass_from_group<W, 5>, pass_from_group<W, 6>, pass_from_group<W, 7>, pass_from_group<W, 8>};
+        pass_from_group<W, 1>,  pass_from_group<W, 2>,  pass_from_group<W, 3>,  pass_from_group<W, 4>,
+        pass_from_group<W, 5>,  pass_from_group<W, 6>,  pass_from_group<W, 7>,  pass_from_group<W, 8>,
+        pass_from_group<W, 9>,  pass_from_group<W, 10>, pass_from_group<W, 11>, pass_from_group<W, 12>,
+        pass_from_group<W, 13>, pass_from_group<W, 14>, pass_from_group<W, 15>, pass_from_group<W, 16>};
     static thread_local std::vector<rows_block> ready;  // one group of rows, made ready once for every pass
     ready.resize((size_t) nb);
     for (int64_t r0 = 0; r0 < n_rows; r0 += 16) {

@@ -49,7 +49,7 @@ size_t dspark_blocks_column_size(int64_t K);
 void dspark_blocks_prepare(const float * x, int64_t K, void * column);
 
 // y[c][r] = row r of w · column c, for n_rows rows at `rows` (row_stride bytes apart) and n_cols
-// prepared columns (any count: taken eight at a time).
+// prepared columns (any count: taken sixteen at a time).
 void dspark_blocks_rows(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
                         const void * const * columns, float * const * y, int n_cols);
 
