@@ -1,6 +1,7 @@
 // Built with AVX-512 VNNI flags of its own (csrc/CMakeLists.txt), whatever the rest of the library
 // targets: nothing here runs unless dspark_blocks_available() said the CPU has the instructions.
 #include "dspark-matmul-blocks.h"
+#include "dspark-column-passes.h"
 
 #include "ggml-cpu.h"
 
@@ -398,17 +399,6 @@ void amx_pass(const rows_block * blocks, int64_t nb, int lanes, const amx_column
 }
 #endif  // DSPARK_AMX_KERNELS
 
-// Passes as even as they can be: n_cols in passes of at most `most` columns (9 by 8: 5 + 4, not 8 + 1).
-template <class F>
-void balanced_passes(int n_cols, int most, F && pass) {
-    const int n_passes = (n_cols + most - 1) / most;
-    for (int p = 0, c0 = 0; p < n_passes; ++p) {
-        const int n = (n_cols - c0) / (n_passes - p);
-        pass(p, c0, n);
-        c0 += n;
-    }
-}
-
 // y[c][r] for n_rows rows (groups of 16) and n_cols columns; group(g) gives group g packed (from
 // the packed weights, or packed on the spot from the plain ones) and the next one to fetch, if any.
 template <class W, class Group>
@@ -435,7 +425,7 @@ void rows(Group && group, int64_t K, int64_t n_rows, const column_block * const 
     if (amx) {
         const int rows_a = std::min(n_cols, AMX_COLUMNS);
         packed.resize((size_t) (nb * ((n_cols + AMX_COLUMNS - 1) / AMX_COLUMNS)));
-        balanced_passes(n_cols, AMX_COLUMNS, [&](int p, int c0, int n) { amx_pack<O>(cols, c0, n, nb, packed.data() + p * nb); });
+        dspark_balanced_passes(n_cols, AMX_COLUMNS, [&](int p, int c0, int n) { amx_pack<O>(cols, c0, n, nb, packed.data() + p * nb); });
         amx_configure(rows_a);
     }
 #else
@@ -460,13 +450,13 @@ void rows(Group && group, int64_t K, int64_t n_rows, const column_block * const 
             unpack_block<W>(at, nb, b, next, ready[(size_t) b]);
         }
         if (!amx) {
-            balanced_passes(n_cols, MAX_COLUMNS, [&](int, int c0, int n) {
+            dspark_balanced_passes(n_cols, MAX_COLUMNS, [&](int, int c0, int n) {
                 passes[n - 1](ready.data(), nb, W::LANES, cols + c0, y + c0, r0, n_valid);
             });
             continue;
         }
 #ifdef DSPARK_AMX_KERNELS
-        balanced_passes(n_cols, AMX_COLUMNS, [&](int p, int c0, int n) {
+        dspark_balanced_passes(n_cols, AMX_COLUMNS, [&](int p, int c0, int n) {
             amx_passes[n - 1](ready.data(), nb, W::LANES, packed.data() + p * nb, y + c0, r0, n_valid);
         });
 #endif

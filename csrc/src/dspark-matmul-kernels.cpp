@@ -1,4 +1,5 @@
 #include "dspark-matmul-kernels.h"
+#include "dspark-column-passes.h"
 
 #include "ggml-cpu.h"
 
@@ -65,13 +66,15 @@ template <typename V> inline void keep_in_register(V & v) {
 #    endif
 }
 
-// Columns are kept as f32 (exactly the values ggml's f16 conversion gives, for f16 weights), x_stride
-// bytes apart. A tile of RM rows and RN columns is RM·RN sums, each the single-column one step for
-// step; a row vector is read and converted once for the RN columns, a column vector once for the
-// RM rows.
-template <int RM, int RN, typename W, vec (*load_w)(const W *)>
-void float_rows(const char * rows, size_t row_stride, int64_t K, int64_t n_rows, const char * x, size_t x_stride,
-                float * y, size_t y_stride) {
+// A tile of RM rows and RN columns: RM·RN sums, each the single-column one step for step; a row
+// vector is read (and converted) once for the RN columns, a column vector once for the RM rows.
+// Columns are x_stride bytes apart. OPS names the operands: their element types, how many values
+// one step takes, how each is loaded and the step itself.
+template <class OPS, int RM, int RN>
+void float_tiles(const char * rows, size_t row_stride, int64_t K, int64_t n_rows, const char * x, size_t x_stride,
+                 float * y, size_t y_stride) {
+    using W = typename OPS::w_type;
+    using X = typename OPS::x_type;
     for (int64_t r = 0; r + RM <= n_rows; r += RM) {
         vec acc[RM][RN];
         for (int i = 0; i < RM; ++i) {
@@ -79,16 +82,16 @@ void float_rows(const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
                 acc[i][j] = vzero();
             }
         }
-        for (int64_t l = 0; l < K; l += WIDTH) {
-            vec wv[RM];
+        for (int64_t l = 0; l < K; l += OPS::STEP) {
+            typename OPS::operand wv[RM];
             for (int i = 0; i < RM; ++i) {
-                wv[i] = load_w((const W *) (rows + (r + i) * row_stride) + l);
+                wv[i] = OPS::load_w((const W *) (rows + (r + i) * row_stride) + l);
             }
             for (int j = 0; j < RN; ++j) {
-                vec xv = load_f32((const float *) (x + j * x_stride) + l);
-                keep_in_register(xv);  // one load for the RM rows, not one folded into each FMA
+                typename OPS::operand xv = OPS::load_x((const X *) (x + j * x_stride) + l);
+                keep_in_register(xv);  // one load for the RM rows, not one folded into each step
                 for (int i = 0; i < RM; ++i) {
-                    acc[i][j] = madd(wv[i], xv, acc[i][j]);
+                    acc[i][j] = OPS::step(acc[i][j], wv[i], xv);
                 }
             }
         }
@@ -100,38 +103,33 @@ void float_rows(const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
     }
 }
 
+// Float weights against columns kept as f32 (exactly the values ggml's f16 conversion gives, for
+// f16 weights): fused multiply-adds, the vector width a step.
+template <typename W, vec (*LOAD_W)(const W *)>
+struct fma_ops {
+    using w_type = W;
+    using x_type = float;
+    using operand = vec;
+    static constexpr int STEP = WIDTH;
+    static vec load_w(const W * p) { return LOAD_W(p); }
+    static vec load_x(const float * p) { return load_f32(p); }
+    static vec step(vec acc, vec w, vec x) { return madd(w, x, acc); }
+};
+
 #    if defined(__AVX512BF16__)
-// bf16 · bf16 in pairs (the instruction's own rounding), 32 values per step, columns as bf16.
-template <int RM, int RN>
-void bf16_pair_rows(const char * rows, size_t row_stride, int64_t K, int64_t n_rows, const char * x, size_t x_stride,
-                    float * y, size_t y_stride) {
-    for (int64_t r = 0; r + RM <= n_rows; r += RM) {
-        __m512 acc[RM][RN];
-        for (int i = 0; i < RM; ++i) {
-            for (int j = 0; j < RN; ++j) {
-                acc[i][j] = _mm512_setzero_ps();
-            }
-        }
-        for (int64_t l = 0; l < K; l += 32) {
-            __m512bh wv[RM];
-            for (int i = 0; i < RM; ++i) {
-                wv[i] = (__m512bh) _mm512_loadu_ps((const float *) ((const ggml_bf16_t *) (rows + (r + i) * row_stride) + l));
-            }
-            for (int j = 0; j < RN; ++j) {
-                __m512bh xv = (__m512bh) _mm512_loadu_ps((const float *) ((const ggml_bf16_t *) (x + j * x_stride) + l));
-                keep_in_register(xv);
-                for (int i = 0; i < RM; ++i) {
-                    acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv[i], xv);
-                }
-            }
-        }
-        for (int i = 0; i < RM; ++i) {
-            for (int j = 0; j < RN; ++j) {
-                y[j * y_stride + r + i] = _mm512_reduce_add_ps(acc[i][j]);
-            }
-        }
-    }
-}
+// bf16 · bf16 in pairs (the instruction's own rounding), 32 values a step, columns as bf16.
+struct bf16_pair_ops {
+    using w_type = ggml_bf16_t;
+    using x_type = ggml_bf16_t;
+    using operand = __m512bh;
+    static constexpr int STEP = 32;
+    static __m512bh load_w(const ggml_bf16_t * p) { return (__m512bh) _mm512_loadu_ps((const float *) p); }
+    static __m512bh load_x(const ggml_bf16_t * p) { return (__m512bh) _mm512_loadu_ps((const float *) p); }
+    static __m512 step(__m512 acc, __m512bh w, __m512bh x) { return _mm512_dpbf16_ps(acc, w, x); }
+};
+using bf16_ops = bf16_pair_ops;
+#    else
+using bf16_ops = fma_ops<ggml_bf16_t, load_bf16>;
 #    endif
 
 // A decode step (one column) reads the rows one at a time, front to back: one sequential stream,
@@ -145,45 +143,34 @@ constexpr int COLUMNS_AT_ONCE = WIDTH == 16 ? 6 : 3;
 
 using float_rows_fn = void (*)(const char *, size_t, int64_t, int64_t, const char *, size_t, float *, size_t);
 
-template <template <int, int> class KERNEL, int RM, size_t... I>
+template <class OPS, int RM, size_t... I>
 constexpr std::array<float_rows_fn, sizeof...(I)> by_columns(std::index_sequence<I...>) {
-    return {KERNEL<RM, (int) I + 1>::run...};
+    return {&float_tiles<OPS, RM, (int) I + 1>...};
 }
 
-template <template <int, int> class KERNEL>
+template <class OPS>
 void float_columns(const char * rows, size_t row_stride, int64_t K, int64_t n_rows, const char * x, size_t x_stride,
                    int64_t n_cols, float * y, size_t y_stride) {
-    static constexpr auto tiles = by_columns<KERNEL, ROWS_AT_ONCE>(std::make_index_sequence<COLUMNS_AT_ONCE>());
-    static constexpr auto singles = by_columns<KERNEL, 1>(std::make_index_sequence<COLUMNS_AT_ONCE>());
+    static constexpr auto tiles = by_columns<OPS, ROWS_AT_ONCE>(std::make_index_sequence<COLUMNS_AT_ONCE>());
+    static constexpr auto singles = by_columns<OPS, 1>(std::make_index_sequence<COLUMNS_AT_ONCE>());
     if (n_cols == 1) {
         singles[0](rows, row_stride, K, n_rows, x, x_stride, y, y_stride);
         return;
     }
     const int64_t tiled = n_rows / ROWS_AT_ONCE * ROWS_AT_ONCE;
-    const int64_t passes = (n_cols + COLUMNS_AT_ONCE - 1) / COLUMNS_AT_ONCE;  // of even widths: 9 is 5 + 4
-    for (int64_t p = 0, c0 = 0; p < passes; ++p) {
-        const int64_t n = n_cols * (p + 1) / passes - n_cols * p / passes;
+    dspark_balanced_passes((int) n_cols, COLUMNS_AT_ONCE, [&](int, int c0, int n) {
         tiles[n - 1](rows, row_stride, K, tiled, x + c0 * x_stride, x_stride, y + c0 * y_stride, y_stride);
         singles[n - 1](rows + tiled * row_stride, row_stride, K, n_rows - tiled, x + c0 * x_stride, x_stride,
                        y + c0 * y_stride + tiled, y_stride);
-        c0 += n;
-    }
+    });
 }
-
-template <int RM, int RN> struct f32_kernel  { static constexpr float_rows_fn run = &float_rows<RM, RN, float, load_f32>; };
-template <int RM, int RN> struct f16_kernel  { static constexpr float_rows_fn run = &float_rows<RM, RN, ggml_fp16_t, load_f16>; };
-#    if defined(__AVX512BF16__)
-template <int RM, int RN> struct bf16_kernel { static constexpr float_rows_fn run = &bf16_pair_rows<RM, RN>; };
-#    else
-template <int RM, int RN> struct bf16_kernel { static constexpr float_rows_fn run = &float_rows<RM, RN, ggml_bf16_t, load_bf16>; };
-#    endif
 
 bool float_columns_run(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
                        const char * x, size_t x_stride, int64_t n_cols, float * y, size_t y_stride) {
     switch (type) {
-        case GGML_TYPE_F32:  float_columns<f32_kernel>(rows, row_stride, K, n_rows, x, x_stride, n_cols, y, y_stride); return true;
-        case GGML_TYPE_F16:  float_columns<f16_kernel>(rows, row_stride, K, n_rows, x, x_stride, n_cols, y, y_stride); return true;
-        case GGML_TYPE_BF16: float_columns<bf16_kernel>(rows, row_stride, K, n_rows, x, x_stride, n_cols, y, y_stride); return true;
+        case GGML_TYPE_F32:  float_columns<fma_ops<float, load_f32>>(rows, row_stride, K, n_rows, x, x_stride, n_cols, y, y_stride); return true;
+        case GGML_TYPE_F16:  float_columns<fma_ops<ggml_fp16_t, load_f16>>(rows, row_stride, K, n_rows, x, x_stride, n_cols, y, y_stride); return true;
+        case GGML_TYPE_BF16: float_columns<bf16_ops>(rows, row_stride, K, n_rows, x, x_stride, n_cols, y, y_stride); return true;
         default:             return false;
     }
 }
