@@ -130,7 +130,7 @@ int dspark_block_schedule::explore(int best, int n_min) {
     const int shorter = best <= lo ? 0 : best - 1;
     const int phase = explore_phase;
     explore_phase = (explore_phase + 1) % 4;
-    if (phase == 0 && best < n_max && lo <= n_max) {
+    if (phase == 0 && lo <= n_max) {  // even where it is the best: the first step must measure every position
         return n_max;
     }
     const bool up = (phase == 2 && longer <= n_max) || best == 0;
