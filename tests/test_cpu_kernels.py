@@ -116,6 +116,59 @@ def test_bad_routes_are_refused():
         cpu_matmul(w.reshape(-1)[:-3], "f16", 64, x)  # bytes that are not whole rows
 
 
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+AMX_BF16 = cpu_isa() == "amx_int8" and "amx_bf16" in cpu_flags()
+
+BF16_AUTO = """
+import json, sys
+import numpy as np
+from dspark_ggml.quant import cpu_isa, cpu_matmul
+case = np.load(sys.argv[1])
+ys, routes = [], []
+for n in (1, 9, 64):
+    y, route = cpu_matmul(case["w"], "bf16", int(case["k"]), case["x"][:n], threads=2)
+    ys.append(y)
+    routes.append(route)
+np.save(sys.argv[2], ys[-1])
+print(json.dumps({"isa": cpu_isa(), "routes": routes}))
+"""
+
+
+@pytest.mark.skipif(not AMX_BF16, reason="needs AMX-BF16 tiles granted by the OS (Intel Xeons from Sapphire Rapids)")
+def test_bf16_weights_run_one_tile_program_for_every_batch(tmp_path):
+    """With AMX-BF16, bf16 weights take the tile program for every batch, prefills included (the
+    `own` route at 64 columns, where the AVX512-BF16 plan hands them to ggml's sgemm), each column
+    the bits it gets alone, and right to float rounding: each product of bf16 operands is exact in
+    f32, so the float64 product of the bf16-rounded columns is the reference. Capped at VNNI
+    (DSPARK_CPU_ISA=avx512_vnni), the other kernels run and agree to rounding."""
+    for n_rows, n_per_row in ((1, 32), (15, 96), (37, 608), (70, 1536)):
+        w, wd, x = random_case("bf16", n_rows, n_per_row, 64, seed=n_rows + n_per_row)
+        xb = dequantize(quantize(x, "bf16"), "bf16", x.shape).astype(np.float64)
+        ref, scale = xb @ wd.T, np.abs(xb) @ np.abs(wd).T
+        alone = np.stack([cpu_matmul(w, "bf16", n_per_row, x[c:c + 1])[0][0] for c in range(x.shape[0])])
+        assert np.all(np.abs(alone - ref) <= 1e-6 * scale), f"{n_rows}x{n_per_row}"
+        for n in (2, 9, 16, 17, 33, 64):
+            y, taken = cpu_matmul(w, "bf16", n_per_row, x[:n], threads=2)
+            assert taken == "own", f"{n_rows}x{n_per_row} n={n}: {taken}"
+            assert np.array_equal(y.view(np.uint32), alone[:n].view(np.uint32)), f"{n_rows}x{n_per_row} n={n}"
+        case = tmp_path / "case.npz"
+        np.savez(case, w=w, x=x, k=n_per_row)
+        env = dict(os.environ, DSPARK_CPU_ISA="avx512_vnni")
+        res = subprocess.run([sys.executable, "-c", BF16_AUTO, str(case), str(tmp_path / "y.npy")], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+        assert out["isa"] == "avx512_vnni" and out["routes"][-1] == "ggml", out  # a prefill: ggml's sgemm
+        assert np.all(np.abs(np.load(tmp_path / "y.npy") - ref) <= 1e-5 * scale)
+
+
 LESSER_ISA = """
 import json, sys
 import numpy as np

@@ -149,7 +149,7 @@ def _planted_draft(paths: list[list[int]], out: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("type_name", ["q4_K", "Q4_K_M", "q6_K", "iq4_nl", "f16"])
+@pytest.mark.parametrize("type_name", ["q4_K", "Q4_K_M", "q6_K", "iq4_nl", "f16", "bf16", "q8_0"])
 def test_greedy_speculation_is_lossless_alone_and_batched(requantized, tmp_path: Path, type_name: str):
     target = requantized(type_name)
     plain = LLM(target, n_ctx=512, n_threads=2)

@@ -1,5 +1,6 @@
 #include "dspark-matmul-kernels.h"
 #include "dspark-column-passes.h"
+#include "dspark-matmul-amx-bf16.h"
 
 #include "ggml-cpu.h"
 
@@ -628,7 +629,25 @@ bool is_kquant(ggml_type t) {
 
 }  // namespace
 
+// Are bf16 columns of K values kept as bf16 (for AVX512-BF16's pair instruction, or the AMX tile
+// program) rather than widened to f32?
+static bool bf16_columns(int64_t K) {
+#if defined(__AVX512BF16__)
+    (void) K;
+    return true;
+#else
+    return dspark_amx_bf16_available(GGML_TYPE_BF16, K);
+#endif
+}
+
+bool dspark_own_dot_takes_row_ranges(ggml_type type, int64_t K) {
+    return dspark_amx_bf16_available(type, K);
+}
+
 bool dspark_own_dot_available(ggml_type type, int64_t K) {
+    if (dspark_amx_bf16_available(type, K)) {
+        return true;
+    }
     if (is_kquant(type)) {
 #ifdef DSPARK_KQUANT_SIMD
         return K % 256 == 0;
@@ -653,11 +672,9 @@ size_t dspark_own_dot_prepared_size(ggml_type type, int64_t K) {
     if (is_kquant(type)) {
         return sizeof(q8k_block) * (size_t) (K / 256);  // q8_K blocks, values in the weight type's order
     }
-#if defined(__AVX512BF16__)
-    if (type == GGML_TYPE_BF16) {
+    if (type == GGML_TYPE_BF16 && bf16_columns(K)) {
         return sizeof(ggml_bf16_t) * (size_t) K;
     }
-#endif
     return sizeof(float) * (size_t) K;
 }
 
@@ -698,16 +715,16 @@ void dspark_own_dot_prepare(ggml_type type, const float * x, int64_t K, void * p
         }
         case GGML_TYPE_BF16: {
             // ... and bf16 weights by the column rounded to bf16 (ggml's own conversion)
-#if defined(__AVX512BF16__)
-            ggml_get_type_traits_cpu(GGML_TYPE_BF16)->from_float(x, prepared, K);
-#else
+            if (bf16_columns(K)) {
+                ggml_get_type_traits_cpu(GGML_TYPE_BF16)->from_float(x, prepared, K);
+                break;
+            }
             float * out = (float *) prepared;
             ggml_get_type_traits_cpu(GGML_TYPE_BF16)->from_float(x, prepared, K);  // in place: bf16 first
             const ggml_bf16_t * b = (const ggml_bf16_t *) prepared;
             for (int64_t i = K - 1; i >= 0; --i) {  // widen from the end: out[i] overlaps b[2i], b[2i+1]
                 out[i] = ggml_bf16_to_fp32(b[i]);
             }
-#endif
             break;
         }
         default:
@@ -718,6 +735,10 @@ void dspark_own_dot_prepare(ggml_type type, const float * x, int64_t K, void * p
 
 void dspark_own_dot_rows(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
                          const void * prepared, float * y) {
+    if (dspark_amx_bf16_available(type, K)) {
+        dspark_amx_bf16_matmul(rows, row_stride, K, n_rows, (const ggml_bf16_t *) prepared, 0, 1, y, 0);
+        return;
+    }
 #ifdef DSPARK_KQUANT_SIMD
     const kq_column_block * col = (const kq_column_block *) prepared;
     switch (type) {
@@ -736,11 +757,16 @@ void dspark_own_dot_rows(ggml_type type, const char * rows, size_t row_stride, i
 }
 
 bool dspark_own_dot_columns_available(ggml_type type, int64_t K) {
-    return (type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16) && dspark_own_dot_available(type, K);
+    return dspark_amx_bf16_available(type, K) ||
+           ((type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16) && dspark_own_dot_available(type, K));
 }
 
 void dspark_own_dot_rows_columns(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
                                  const void * prepared, size_t prepared_stride, int64_t n_cols, float * y, size_t y_stride) {
+    if (dspark_amx_bf16_available(type, K)) {
+        dspark_amx_bf16_matmul(rows, row_stride, K, n_rows, (const ggml_bf16_t *) prepared, prepared_stride, n_cols, y, y_stride);
+        return;
+    }
 #ifdef DSPARK_FLOAT_KERNELS
     float_columns_run(type, rows, row_stride, K, n_rows, (const char *) prepared, prepared_stride, n_cols, y, y_stride);
 #else

@@ -34,6 +34,9 @@ void dspark_own_dot_rows(ggml_type type, const char * rows, size_t row_stride, i
 // prepared as for dspark_own_dot_rows, prepared_stride bytes apart; column c's results at
 // y + c·y_stride.
 bool dspark_own_dot_columns_available(ggml_type type, int64_t K);
+// ... and should a thread hand it all its rows at once rather than 16 at a time (the AMX tile program
+// for bf16, dspark-matmul-amx-bf16.h, which sets its tiles up once per call)?
+bool dspark_own_dot_takes_row_ranges(ggml_type type, int64_t K);
 void dspark_own_dot_rows_columns(ggml_type type, const char * rows, size_t row_stride, int64_t K, int64_t n_rows,
                                  const void * prepared, size_t prepared_stride, int64_t n_cols, float * y, size_t y_stride);
 

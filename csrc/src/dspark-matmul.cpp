@@ -2,6 +2,7 @@
 
 #include "dspark-backend.h"
 #include "dspark-impl.h"
+#include "dspark-matmul-amx-bf16.h"
 #include "dspark-matmul-blocks.h"
 #include "dspark-matmul-kernels.h"
 #include "dspark-quant.h"
@@ -88,6 +89,14 @@ void matmul_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
     // contiguous shares: each thread streams its own part of the weight
     const int64_t n_blocks = (M + ROW_BLOCK - 1) / ROW_BLOCK;
     const bool together = route == dspark_mm_route::own && dspark_own_dot_columns_available(w->type, w->ne[0]);
+    if (together && dspark_own_dot_takes_row_ranges(w->type, w->ne[0])) {  // this thread's rows in one call
+        const int64_t r0 = n_blocks * ith / nth * ROW_BLOCK, r1 = std::min(M, n_blocks * (ith + 1) / nth * ROW_BLOCK);
+        if (r1 > r0) {
+            dspark_own_dot_rows_columns(w->type, (const char *) w->data + r0 * w->nb[1], w->nb[1], w->ne[0], r1 - r0,
+                                        cols.column(0), cols.bytes, N, (float *) dst->data + r0, dst->nb[1] / sizeof(float));
+        }
+        return;
+    }
     for (int64_t b = n_blocks * ith / nth; b < n_blocks * (ith + 1) / nth; ++b) {
         const int64_t r0 = b * ROW_BLOCK, r1 = std::min(M, r0 + ROW_BLOCK);
         if (together) {  // every column over each row at once
@@ -527,6 +536,12 @@ dspark_mm_plan dspark_matmul_plan(ggml_backend_buffer_type_t buft, ggml_type typ
     if (dspark_blocks_available(type, n_per_row)) {
         dspark_mm_plan plan;  // in any buffer type: a repacked layout is then not used (dspark-weights.cpp)
         plan.route = dspark_mm_route::blocks;
+        return plan;
+    }
+    if (dspark_amx_bf16_available(type, n_per_row) && ggml_backend_buft_is_host(buft)) {
+        dspark_mm_plan plan;  // the tile program's bits for every batch, prefills included (dspark-matmul-amx-bf16.h)
+        plan.route = dspark_mm_route::own;
+        plan.own_below = INT64_MAX;
         return plan;
     }
     // ggml's kernels also choose by the row count modulo 4, 8 and 16 (tiles, interleaved layouts)
