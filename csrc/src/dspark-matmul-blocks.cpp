@@ -311,7 +311,10 @@ void pass_from_group(const char * group, const char * next, int64_t nb, const co
 // same bits from either (and a decode step, one column, keeps the VNNI pass).
 
 constexpr int AMX_COLUMNS = 16;      // the most rows of an A tile
-constexpr int AMX_MIN_COLUMNS = 6;   // fewer take the VNNI pass, faster there (one matmul, 1536x576, timed)
+// Fewer columns take the VNNI pass, faster there since it takes 16 columns a pass (SmolLM2-135M on
+// 2 Xeon cores: a 9-row verify 5-10 % faster on VNNI, 12-14 rows about equal, 16 rows 0-20 % faster
+// on the tiles).
+constexpr int AMX_MIN_COLUMNS = 12;
 constexpr int AMX_CHUNK = 4;         // blocks whose products are in flight together (C tiles 4..7)
 
 // A block of one pass's columns laid out for the A tile, with what their float steps read.
@@ -372,10 +375,14 @@ inline void amx_float_steps(const int32_t (*products)[16], const amx_columns_blo
     }
 }
 
-// The AMX pass: N columns (packed) over nb prepared blocks, AMX_CHUNK blocks' products at a time.
+// The AMX pass: N columns (packed) over nb prepared blocks, AMX_CHUNK blocks' products at a time,
+// while a share of the next group's `next_bytes` at `next` (if any) is fetched: the memory stays
+// busy while the tiles work (a verify's first pass over a group; the blocks were made ready
+// without fetching).
 template <bool HAS_MIN, int N>
 void amx_pass(const rows_block * blocks, int64_t nb, int lanes, const amx_columns_block * cols, float * const * y, int64_t r0,
-              int n_valid) {
+              int n_valid, const char * next, size_t next_bytes) {
+    const size_t ahead = (next_bytes + nb - 1) / nb;  // per block
     __m512 acc[N];
     for (int c = 0; c < N; ++c) {
         acc[c] = _mm512_setzero_ps();
@@ -383,6 +390,9 @@ void amx_pass(const rows_block * blocks, int64_t nb, int lanes, const amx_column
     alignas(64) int32_t products[AMX_CHUNK][AMX_COLUMNS][16];
     for (int64_t b0 = 0; b0 < nb; b0 += AMX_CHUNK) {
         const int64_t n = std::min<int64_t>(AMX_CHUNK, nb - b0);
+        for (size_t o = (size_t) b0 * ahead; next && o < (size_t) (b0 + n) * ahead; o += 64) {
+            _mm_prefetch(next + o, _MM_HINT_T0);
+        }
         DSPARK_AMX_PRODUCTS(4, 0, 2, cols[b0], blocks[b0]);
         if (n > 1) DSPARK_AMX_PRODUCTS(5, 1, 3, cols[b0 + 1], blocks[b0 + 1]);
         if (n > 2) DSPARK_AMX_PRODUCTS(6, 0, 2, cols[b0 + 2], blocks[b0 + 2]);
@@ -415,7 +425,8 @@ void rows(Group && group, int64_t K, int64_t n_rows, const column_block * const 
         pass<O, M, 13>, pass<O, M, 14>, pass<O, M, 15>, pass<O, M, 16>};
     const int64_t nb = K / 32;
 #ifdef DSPARK_AMX_KERNELS
-    using amx_pass_fn = void (*)(const rows_block *, int64_t, int, const amx_columns_block *, float * const *, int64_t, int);
+    using amx_pass_fn = void (*)(const rows_block *, int64_t, int, const amx_columns_block *, float * const *, int64_t, int,
+                                 const char *, size_t);
     static const amx_pass_fn amx_passes[AMX_COLUMNS] = {
         amx_pass<M, 1>,  amx_pass<M, 2>,  amx_pass<M, 3>,  amx_pass<M, 4>,  amx_pass<M, 5>,  amx_pass<M, 6>,
         amx_pass<M, 7>,  amx_pass<M, 8>,  amx_pass<M, 9>,  amx_pass<M, 10>, amx_pass<M, 11>, amx_pass<M, 12>,
@@ -447,7 +458,7 @@ void rows(Group && group, int64_t K, int64_t n_rows, const column_block * const 
             continue;
         }
         for (int64_t b = 0; b < nb; ++b) {
-            unpack_block<W>(at, nb, b, next, ready[(size_t) b]);
+            unpack_block<W>(at, nb, b, amx ? nullptr : next, ready[(size_t) b]);  // the tile pass fetches
         }
         if (!amx) {
             dspark_balanced_passes(n_cols, MAX_COLUMNS, [&](int, int c0, int n) {
@@ -457,7 +468,8 @@ void rows(Group && group, int64_t K, int64_t n_rows, const column_block * const 
         }
 #ifdef DSPARK_AMX_KERNELS
         dspark_balanced_passes(n_cols, AMX_COLUMNS, [&](int p, int c0, int n) {
-            amx_passes[n - 1](ready.data(), nb, W::LANES, packed.data() + p * nb, y + c0, r0, n_valid);
+            amx_passes[n - 1](ready.data(), nb, W::LANES, packed.data() + p * nb, y + c0, r0, n_valid, p == 0 ? next : nullptr,
+                              group_layout<W>{nb}.bytes());
         });
 #endif
     }

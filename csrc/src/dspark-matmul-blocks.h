@@ -10,7 +10,7 @@
 // weight rows are transposed so that each vector lane holds one row, the transposed codes are
 // multiplied with every column in turn (VNNI: 64 products per instruction), and the float steps
 // run on sixteen rows at once, so the per-block float work is shared by 16 rows x 32 values. With
-// AMX-INT8 (dspark_isa::amx_int8), batches of 6 columns and more take each block's integers for up
+// AMX-INT8 (dspark_isa::amx_int8), batches of 12 columns and more take each block's integers for up
 // to 16 columns from one tile product over the same transposed codes: the same integers, the same
 // chain, the same bits.
 //

@@ -24,7 +24,7 @@
 //           ready (the same bytes, the same bits; decode ~1.5x faster on the Xeon), and a pass of
 //           up to 16 columns reads each block straight into registers (a verify of 9 rows in one
 //           pass, not two over a copy of the ready blocks: 20-26 % faster on Zen 4). Where the CPU also has AMX-INT8 and the OS grants the tiles (Sapphire Rapids
-//           on; not AMD Zen 4), passes of 6..16 columns take their integers from one tile
+//           on; not AMD Zen 4), batches of 12 columns and more take their integers from one tile
 //           instruction per block instead of 32 VNNI ones: the same exact integers and the same
 //           float chain, so the bits do not change (DSPARK_CPU_ISA=avx512_vnni keeps VNNI only). A
 //           decode step and batches of up to 5 keep VNNI, faster there. Without VNNI (AVX2 machines,
