@@ -210,3 +210,40 @@ def test_repacked_expert_weights_compute_the_same(models, case, tmp_path):
     path = tmp_path / f"{case}.q8_0.gguf"
     convert(hf_dir, path, outtype="q8_0", progress=False)
     assert_repacking_computes_the_same(path, [5, 17, 42, 99, 7, 12, 33, 60, 2, 11])
+
+
+@pytest.mark.parametrize("case", ["gemma4-moe", "qwen3moe"])
+def test_bf16_experts_give_a_row_the_same_bits_in_any_batch(models, case, tmp_path):
+    """bf16 experts (on AMX-BF16 tiles where the CPU has them: each expert's columns together, every
+    batch by one tile program; elsewhere one row at a time): a token's logits in a verify-like
+    block of 9 and beside another sequence's rows are the bits of its decode step, and near the f32
+    model's."""
+    from dspark_ggml.convert import convert
+
+    hf_dir, f32_path = models(case)
+    path = tmp_path / f"{case}.bf16.gguf"
+    convert(hf_dir, path, outtype="bf16", progress=False)
+    model = Model(path)
+    V = model.n_vocab
+    prompt, block, other = _prompt(12, 1, V), _prompt(9, 2, V), _prompt(6, 3, V)
+    ctx = Context(model, n_ctx=128, n_seq_max=2, type_kv="f32")
+    ctx.decode(prompt)
+    ctx.decode(other, np.arange(len(other)), np.ones(len(other), int))
+    alone = []
+    for t in block:
+        ctx.decode([t])
+        alone.append(ctx.get_logits(copy=True)[0])
+    alone = np.stack(alone)
+    ctx.kv_seq_rm(0, len(prompt))
+    ctx.decode(block, outputs=np.ones(len(block), bool))
+    assert np.array_equal(ctx.get_logits(copy=True).view(np.uint32), alone.view(np.uint32))
+    ctx.kv_seq_rm(0, len(prompt))
+    tokens = np.concatenate([other[:3], block])
+    pos = np.concatenate([np.arange(len(other), len(other) + 3), np.arange(len(prompt), len(prompt) + len(block))])
+    seq = np.concatenate([np.ones(3, int), np.zeros(len(block), int)])
+    ctx.decode(tokens, pos, seq, outputs=np.concatenate([np.zeros(3, bool), np.ones(len(block), bool)]))
+    assert np.array_equal(ctx.get_logits(copy=True).view(np.uint32), alone.view(np.uint32))
+    ref = Context(Model(f32_path), n_ctx=128, type_kv="f32")
+    ref.decode(np.concatenate([prompt, block]), outputs=np.ones(len(prompt) + len(block), bool))
+    want = ref.get_logits(copy=True)[len(prompt):]
+    assert np.abs(alone - want).max() <= 0.15 * want.std()  # bf16 weights and columns

@@ -89,9 +89,11 @@ ggml_tensor * dspark_graph::mm_id(ggml_tensor * experts, ggml_tensor * x, ggml_t
         return dspark_matmul_id_channels(ctx, experts, x, ids);  // CUDA: each (token, expert) one channel
     }
     if (plan.route != dspark_mm_route::ggml) {
-        // ggml picks a kernel per expert by how many rows chose it: one row at a time instead, or
-        // the blocks kernel (which any number of columns leaves alone) on each expert's columns
-        const dspark_mm_route route = plan.route == dspark_mm_route::blocks ? plan.route : dspark_mm_route::rows;
+        // ggml picks a kernel per expert by how many rows chose it: one row at a time instead, or a
+        // kernel that any number of columns leaves alone (blocks; own where it runs every batch, as
+        // bf16 on AMX tiles does) on each expert's columns
+        const bool own_every_batch = plan.route == dspark_mm_route::own && plan.own_below == INT64_MAX;
+        const dspark_mm_route route = plan.route == dspark_mm_route::blocks || own_every_batch ? plan.route : dspark_mm_route::rows;
         return dspark_matmul_id_rows(ctx, experts, ggml_is_contiguous(x) ? x : ggml_cont(ctx, x), ids, route);
     }
     return ggml_mul_mat_id(ctx, experts, x, ids);

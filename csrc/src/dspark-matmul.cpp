@@ -110,6 +110,38 @@ void matmul_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
     }
 }
 
+// The own route of mul_mat_id (where our kernel takes a thread's rows and any number of columns at
+// once: bf16 on AMX tiles): rows [r0, r1) of every expert against all its columns together, the
+// columns gathered and the results scattered.
+void own_experts(const ggml_tensor * as, ggml_tensor * dst, const std::vector<prepared_columns> & cols,
+                 const std::vector<std::vector<std::pair<int64_t, int64_t>>> & routed, int64_t B, int64_t r0, int64_t r1) {
+    if (r1 <= r0) {
+        return;
+    }
+    static thread_local std::vector<uint8_t> gathered;
+    static thread_local std::vector<float> out;
+    for (size_t e = 0; e < routed.size(); ++e) {
+        const auto & columns = routed[e];
+        if (columns.empty()) {
+            continue;
+        }
+        const size_t bytes = cols[0].bytes;
+        gathered.resize(columns.size() * bytes);
+        for (size_t i = 0; i < columns.size(); ++i) {
+            memcpy(gathered.data() + i * bytes, cols[(size_t) columns[i].second].column(columns[i].first % B), bytes);
+        }
+        const int64_t n = r1 - r0;
+        out.resize(columns.size() * (size_t) n);
+        const char * w = (const char *) as->data + e * as->nb[2] + r0 * as->nb[1];
+        dspark_own_dot_rows_columns(as->type, w, as->nb[1], as->ne[0], n, gathered.data(), bytes, (int64_t) columns.size(),
+                                    out.data(), (size_t) n);
+        for (size_t i = 0; i < columns.size(); ++i) {
+            const auto [u, t] = columns[i];
+            memcpy((float *) ((char *) dst->data + u * dst->nb[1] + t * dst->nb[2]) + r0, out.data() + i * n, sizeof(float) * n);
+        }
+    }
+}
+
 // dst [M, U, T]: column (u, t) = as[:, :, ids[u, t]] · b[:, u % B, t]. Columns are grouped by
 // expert so that each expert's row blocks are read once for all the columns routed to it.
 void matmul_id_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
@@ -117,7 +149,7 @@ void matmul_id_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
     const ggml_tensor * b = dst->src[1];
     const ggml_tensor * ids = dst->src[2];
     const int64_t M = as->ne[1], X = as->ne[2], U = ids->ne[0], T = ids->ne[1], B = b->ne[1];
-    const auto route = (dspark_mm_route) ((intptr_t) userdata & 0xFF);  // rows or blocks
+    const auto route = (dspark_mm_route) ((intptr_t) userdata & 0xFF);  // rows, blocks or own
     const bool packed = ((intptr_t) userdata >> 8) != 0;                  // blocks on packed experts
     const size_t expert_bytes = packed ? dspark_blocks_packed_size(as->type, as->ne[0], M) : as->nb[2];
 
@@ -137,6 +169,10 @@ void matmul_id_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
         }
     }
     const int64_t n_blocks = (M + ROW_BLOCK - 1) / ROW_BLOCK;
+    if (route == dspark_mm_route::own) {
+        own_experts(as, dst, cols, routed, B, n_blocks * ith / nth * ROW_BLOCK, std::min(M, n_blocks * (ith + 1) / nth * ROW_BLOCK));
+        return;
+    }
     int64_t item = 0;  // (expert, row block) pairs with work, dealt round-robin to the threads
     for (int64_t e = 0; e < X; ++e) {
         if (routed[(size_t) e].empty()) {
@@ -275,7 +311,8 @@ ggml_tensor * dspark_matmul_node(ggml_context * ctx, ggml_tensor * w, ggml_tenso
 ggml_tensor * dspark_matmul_id_rows(ggml_context * ctx, ggml_tensor * as, ggml_tensor * b, ggml_tensor * ids,
                                     dspark_mm_route route) {
     GGML_ASSERT(b->type == GGML_TYPE_F32 && b->nb[0] == sizeof(float) && ids->type == GGML_TYPE_I32);
-    GGML_ASSERT(route == dspark_mm_route::rows || route == dspark_mm_route::blocks);
+    GGML_ASSERT(route == dspark_mm_route::rows || route == dspark_mm_route::blocks ||
+                (route == dspark_mm_route::own && dspark_own_dot_takes_row_ranges(as->type, as->ne[0])));
     GGML_ASSERT(as->ne[0] == b->ne[0] && ids->ne[1] == b->ne[2]);
     ggml_tensor * args[3] = {as, b, ids};
     const intptr_t packed = route == dspark_mm_route::blocks && dspark_matmul_is_packed(as);

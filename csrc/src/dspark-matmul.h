@@ -113,7 +113,8 @@ enum class dspark_mm_route { ggml, own, rows, groups, quads, channels, blocks };
 
 struct dspark_mm_plan {
     dspark_mm_route route = dspark_mm_route::ggml;
-    int64_t         own_below = 0;  // own: batches of fewer columns than this run our kernel
+    int64_t         own_below = 0;  // own: batches of fewer columns than this run our kernel (INT64_MAX:
+                                    // every batch, mul_mat_id too: bf16 on AMX tiles)
     int64_t         group = 0;      // groups: the most columns (or tokens, for mm_id) one matmul may take;
                                     // channels: the columns of one channel
     bool            batched = false;  // groups: a [K, 1, N] matmul gives every column the single-column bits
