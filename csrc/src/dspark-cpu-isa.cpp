@@ -22,6 +22,16 @@ static bool cpu_has_amx_int8() {
 #endif
 }
 
+// ... and AMX-BF16 (EDX bit 22).
+static bool cpu_has_amx_bf16_bit() {
+#if defined(__linux__) && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 22 & 1);
+#else
+    return false;
+#endif
+}
+
 // Linux keeps the AMX tile data out of a process's saved state until the process asks for it
 // (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); the grant holds for all its threads.
 static bool os_grants_amx_tiles() {
@@ -78,4 +88,13 @@ dspark_isa dspark_cpu_isa_in_use() {
         return best;
     }();
     return isa;
+}
+
+bool dspark_cpu_has_amx_bf16() {
+#ifdef DSPARK_AMX_KERNELS
+    static const bool has = cpu_has_amx_bf16_bit();
+    return has && dspark_cpu_isa_in_use() >= dspark_isa::amx_int8;
+#else
+    return false;
+#endif
 }

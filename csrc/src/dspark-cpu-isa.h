@@ -11,3 +11,7 @@ enum class dspark_isa { scalar, avx2, avx512_vnni, amx_int8 };
 dspark_isa dspark_cpu_isa_in_use();
 
 const char * dspark_cpu_isa_name(dspark_isa isa);
+
+// Does the CPU also multiply bf16 on the tiles (AMX-BF16), with the tiles in use (the ISA in use
+// is amx_int8, so DSPARK_CPU_ISA caps this too)?
+bool dspark_cpu_has_amx_bf16();

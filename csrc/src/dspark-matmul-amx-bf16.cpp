@@ -1,5 +1,6 @@
 #include "dspark-matmul-amx-bf16.h"
 
+#include "dspark-amx-tiles.h"
 #include "dspark-cpu-isa.h"
 
 #include <algorithm>
@@ -8,7 +9,6 @@
 #include <vector>
 
 #ifdef DSPARK_AMX_BF16_KERNELS
-#    include <cpuid.h>
 #    include <immintrin.h>
 
 namespace {
@@ -19,22 +19,10 @@ constexpr int TILE_COLUMNS = 16;  // columns of a B and a C tile
 constexpr int TILE_DWORDS = 256;  // a B tile: 16 pairs x 16 columns
 constexpr int GROUPS = 4;         // row groups in flight: C tiles 0..3 (A tiles 4, 5; B tile 6)
 
-// CPUID leaf 7: AMX-BF16 is EDX bit 22 (the tiles themselves are checked with AMX-INT8).
-bool cpu_has_amx_bf16() {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 22 & 1);
-}
-
-struct tile_config {
-    uint8_t  palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t  rows[16] = {};
-};
-
 // C tiles 0..3 and A tiles 4, 5 of `rows` rows (16, or a last group's fewer) x 64 bytes; B tile 6
 // of 16 pairs x 16 columns.
 void configure(int rows) {
-    tile_config cfg;
+    dspark_tile_config cfg;
     for (int t = 0; t < 7; ++t) {
         cfg.rows[t] = (uint8_t) (t < 6 ? rows : TILE_K / 2);
         cfg.colsb[t] = 64;
@@ -121,8 +109,7 @@ void row_blocks(int64_t n_rows, F && run) {
 }  // namespace
 
 bool dspark_amx_bf16_available(ggml_type type, int64_t K) {
-    static const bool has = cpu_has_amx_bf16();
-    return type == GGML_TYPE_BF16 && K % TILE_K == 0 && has && dspark_cpu_isa_in_use() >= dspark_isa::amx_int8;
+    return type == GGML_TYPE_BF16 && K % TILE_K == 0 && dspark_cpu_has_amx_bf16();
 }
 
 void dspark_amx_bf16_matmul(const char * rows, size_t row_stride, int64_t K, int64_t n_rows, const ggml_bf16_t * cols,

@@ -1,6 +1,7 @@
 // Built with AVX-512 VNNI flags of its own (csrc/CMakeLists.txt), whatever the rest of the library
 // targets: nothing here runs unless dspark_blocks_available() said the CPU has the instructions.
 #include "dspark-matmul-blocks.h"
+#include "dspark-amx-tiles.h"
 #include "dspark-column-passes.h"
 
 #include "ggml-cpu.h"
@@ -324,15 +325,9 @@ struct amx_columns_block {
     float   d[AMX_COLUMNS], s[AMX_COLUMNS];
 };
 
-struct tile_config {
-    uint8_t  palette = 1, start_row = 0, reserved[14] = {};
-    uint16_t colsb[16] = {};
-    uint8_t  rows[16] = {};
-};
-
 // Tiles 0-1: A (n_rows columns of 32 codes), 2-3: B (8 rows of 64 bytes), 4-7: C (n_rows x 16 int32).
 inline void amx_configure(int n_rows) {
-    tile_config cfg;
+    dspark_tile_config cfg;
     for (int t = 0; t < 8; ++t) {
         const bool a = t < 2, b = t == 2 || t == 3;
         cfg.rows[t] = (uint8_t) (b ? 8 : n_rows);
