@@ -73,6 +73,16 @@ template <typename V> inline void keep_in_register(V & v) {
 // 512 and 2048 bytes did about as well, 4096 worse).
 constexpr int PREFETCH_AHEAD = 1024;
 
+// A tile of several rows reads them side by side, so 1 KiB ahead in one row is mostly the next
+// row, which the tile is already reading: it asks instead for the same place in the next tile's
+// rows, which float_columns takes next (every column pass over a tile before the next tile), so
+// the memory works while a tile's later passes compute from L1. Zen 4, SmolLM2-135M, 2 cores: a
+// 9-row verify f16 26.6 -> 19.4 ms, f32 33.8 -> 27.7, bf16 (AVX512-BF16) 21.2 -> 16.7; two tiles
+// ahead did worse.
+inline size_t fetch_ahead(int rows_at_once, size_t row_stride) {
+    return rows_at_once == 1 ? (size_t) PREFETCH_AHEAD : rows_at_once * row_stride;
+}
+
 // A tile of RM rows and RN columns: RM·RN sums, each the single-column one step for step; a row
 // vector is read (and converted) once for the RN columns, a column vector once for the RM rows.
 // Columns are x_stride bytes apart. OPS names the operands: their element types, how many values
@@ -82,6 +92,7 @@ void float_tiles(const char * rows, size_t row_stride, int64_t K, int64_t n_rows
                  float * y, size_t y_stride) {
     using W = typename OPS::w_type;
     using X = typename OPS::x_type;
+    const size_t ahead = fetch_ahead(RM, row_stride);
     for (int64_t r = 0; r + RM <= n_rows; r += RM) {
         vec acc[RM][RN];
         for (int i = 0; i < RM; ++i) {
@@ -93,7 +104,7 @@ void float_tiles(const char * rows, size_t row_stride, int64_t K, int64_t n_rows
             typename OPS::operand wv[RM];
             for (int i = 0; i < RM; ++i) {
                 const W * at = (const W *) (rows + (r + i) * row_stride) + l;
-                _mm_prefetch((const char *) at + PREFETCH_AHEAD, _MM_HINT_T0);
+                _mm_prefetch((const char *) at + ahead, _MM_HINT_T0);
                 wv[i] = OPS::load_w(at);
             }
             for (int j = 0; j < RN; ++j) {
@@ -167,8 +178,13 @@ void float_columns(const char * rows, size_t row_stride, int64_t K, int64_t n_ro
         return;
     }
     const int64_t tiled = n_rows / ROWS_AT_ONCE * ROWS_AT_ONCE;
+    for (int64_t r = 0; r < tiled; r += ROWS_AT_ONCE) {  // every pass over a tile before the next tile (fetch_ahead)
+        dspark_balanced_passes((int) n_cols, COLUMNS_AT_ONCE, [&](int, int c0, int n) {
+            tiles[n - 1](rows + r * row_stride, row_stride, K, ROWS_AT_ONCE, x + c0 * x_stride, x_stride,
+                         y + c0 * y_stride + r, y_stride);
+        });
+    }
     dspark_balanced_passes((int) n_cols, COLUMNS_AT_ONCE, [&](int, int c0, int n) {
-        tiles[n - 1](rows, row_stride, K, tiled, x + c0 * x_stride, x_stride, y + c0 * y_stride, y_stride);
         singles[n - 1](rows + tiled * row_stride, row_stride, K, n_rows - tiled, x + c0 * x_stride, x_stride,
                        y + c0 * y_stride + tiled, y_stride);
     });
