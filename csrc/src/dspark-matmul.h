@@ -44,8 +44,9 @@
 //          the decode of many sequences, and ggml's for prefills: our kernel takes the columns
 //          together (tiles of 4 rows and up to 6 columns, as llamafile's) with each column's sum
 //          the single-column one, and a decode step streams the rows one at a time. On Zen 4 (two
-//          cores, SmolLM2-135M) that made an f16 decode step 13.4 -> 6.8 ms, a 9-row verify
-//          about as fast as llamafile's in f16 and 10-20 % faster in f32 and bf16.
+//          cores, SmolLM2-135M) that made an f16 decode step 13.4 -> 6.8 ms; a verify runs every
+//          column pass over a tile of rows before the next tile, whose rows it fetches meanwhile,
+//          so a 9-row verify takes 16-22 ms in f16 and bf16 against llamafile's ~23 and ~19.
 //          bf16 on a CPU with AMX-BF16 tiles (Sapphire Rapids on; DSPARK_CPU_ISA=avx512_vnni turns
 //          them off) is own for every batch, prefills included, without a probe: one tile program
 //          of ours (dspark-matmul-amx-bf16.h) whose sums are not llamafile's, so ggml's sgemm never
