@@ -46,7 +46,8 @@
 //          the single-column one, and a decode step streams the rows one at a time. On Zen 4 (two
 //          cores, SmolLM2-135M) that made an f16 decode step 13.4 -> 6.8 ms; a verify runs every
 //          column pass over a tile of rows before the next tile, whose rows it fetches meanwhile,
-//          so a 9-row verify takes 16-22 ms in f16 and bf16 against llamafile's ~23 and ~19.
+//          so a 9-row verify costs 2.2-2.7 decode steps in f16 (llama-bench 2.5) and 1.6-2.1 in
+//          bf16 (2.2), bound by the two cores' FMAs.
 //          bf16 on a CPU with AMX-BF16 tiles (Sapphire Rapids on; DSPARK_CPU_ISA=avx512_vnni turns
 //          them off) is own for every batch, prefills included, without a probe: one tile program
 //          of ours (dspark-matmul-amx-bf16.h) whose sums are not llamafile's, so ggml's sgemm never
