@@ -20,7 +20,7 @@
 namespace {
 
 constexpr int64_t BLOCK  = 64;  // cells per block: DSPARK_KV_ALIGN, and ggml's tile of cells
-constexpr int64_t TOKENS = 8;   // tokens per work item, with all the query heads of one KV head
+constexpr int64_t TOKENS = 8;   // the most tokens whose rows one work item takes (its buffers, its share)
 
 const ggml_fp16_t F16_NEG_INF = 0xFC00;
 
@@ -225,25 +225,41 @@ struct work_buffers {
     std::vector<float> mask;  // one token's mask over the block, shared by the heads of the group
 };
 
-// s = q·k_c · scale + mask for the BLOCK cells, into p; returns the largest.
-float block_scores(const float * q, const float * kt, int64_t D, float scale, const float * mask, float * p) {
-    fvec acc[VECS];
-    for (int64_t i = 0; i < VECS; ++i) {
+// s = q·k_c · scale + mask for the first NV vectors of cells of the block, into p; returns the
+// largest. (NV a constant: the accumulators stay in registers.)
+template <int64_t NV>
+float block_scores_of(const float * q, const float * kt, int64_t D, float scale, const float * mask, float * p) {
+    fvec acc[NV];
+    for (int64_t i = 0; i < NV; ++i) {
         acc[i] = vzero();
     }
     for (int64_t d = 0; d < D; ++d) {
         const fvec qd = vset1(q[d]);
-        for (int64_t i = 0; i < VECS; ++i) {
+        for (int64_t i = 0; i < NV; ++i) {
             acc[i] = vfma(vload(kt + d * BLOCK + i * W), qd, acc[i]);
         }
     }
     fvec top = vset1(-INFINITY);
-    for (int64_t i = 0; i < VECS; ++i) {
+    for (int64_t i = 0; i < NV; ++i) {
         const fvec s = vadd(vmul(acc[i], vset1(scale)), vload(mask + i * W));
         vstore(p + i * W, s);
         top = vmax(top, s);
     }
     return vmax_all(top);
+}
+
+// The vectors of cells that hold the first nc cells of a block. The cells past nc are masked and
+// add exp(-inf) = 0 to every sum, so the vectors wholly past nc (at the end of a sequence's cells)
+// are neither scored nor added.
+inline int64_t vectors_in_use(int64_t nc) { return (nc + W - 1) / W; }
+
+// block_scores_of for the vectors_in_use(nc) vectors.
+float block_scores(const float * q, const float * kt, int64_t D, float scale, const float * mask, int64_t nc, float * p) {
+    using scores_fn = float (*)(const float *, const float *, int64_t, float, const float *, float *);
+    static constexpr scores_fn by_vectors[8] = {block_scores_of<1>, block_scores_of<2>, block_scores_of<3>, block_scores_of<4>,
+                                                block_scores_of<5>, block_scores_of<6>, block_scores_of<7>, block_scores_of<8>};
+    static_assert(VECS <= 8, "a block has at most 8 vectors of cells");
+    return by_vectors[vectors_in_use(nc) - 1](q, kt, D, scale, mask, p);
 }
 
 // o += Σ_c p[c]·v_c over the first nc cells (the rest have p = 0), D values of o at a time in
@@ -271,7 +287,7 @@ void accumulate_values(const float * p, const float * v, int64_t nc, int64_t D, 
 // Fold one block into query row r's running softmax.
 void fold_row(const float * q, int64_t nc, int64_t D, float scale, work_buffers & w, int64_t r) {
     float * p = w.p.data();
-    const float top = block_scores(q, w.k.data(), D, scale, w.mask.data(), p);
+    const float top = block_scores(q, w.k.data(), D, scale, w.mask.data(), nc, p);
     if (top == -INFINITY) {
         return;  // nothing of this block is visible to the query
     }
@@ -288,7 +304,7 @@ void fold_row(const float * q, int64_t nc, int64_t D, float scale, work_buffers 
     }
     m = m_new;
     double sum = 0.0;
-    for (int64_t i = 0; i < VECS; ++i) {
+    for (int64_t i = 0; i < vectors_in_use(nc); ++i) {
         const fvec e = ggml_exp(vsub(vload(p + i * W), vset1(m_new)));
         vstore(p + i * W, e);
         sum += (double) vsum_all(e);
@@ -297,21 +313,22 @@ void fold_row(const float * q, int64_t nc, int64_t D, float scale, work_buffers 
     accumulate_values(p, w.v.data(), nc, D, o);
 }
 
-// The queries of tokens [t0, t1) over KV head hkv, block by block.
-void attend(ggml_tensor * dst, int64_t hkv, int64_t t0, int64_t t1, float scale, work_buffers & w) {
+// Query rows [r0, r1) of KV head hkv, block by block. The head's rows are token-major, then the
+// query heads of its group: row r is token r / G, query head hkv·G + r % G.
+void attend(ggml_tensor * dst, int64_t hkv, int64_t r0, int64_t r1, float scale, work_buffers & w) {
     const ggml_tensor * q = dst->src[0];
     const ggml_tensor * k = dst->src[1];
     const ggml_tensor * v = dst->src[2];
     const ggml_tensor * mask = dst->src[3];
     const int64_t D = q->ne[0], H = q->ne[1], n_kv = k->ne[1], Hkv = k->ne[2], G = H / Hkv;
-    const int64_t R = (t1 - t0) * G;  // query rows: token-major, then the heads of the group
+    const int64_t t0 = r0 / G, t1 = (r1 - 1) / G + 1;  // the tokens of the rows
     w.k.resize((size_t) (BLOCK * D));
     w.v.resize((size_t) (BLOCK * D));
     w.p.resize((size_t) BLOCK);
     w.mask.resize((size_t) BLOCK);
-    w.o.assign((size_t) (R * D), 0.0f);
-    w.m.assign((size_t) R, -INFINITY);
-    w.l.assign((size_t) R, 0.0f);
+    w.o.assign((size_t) ((r1 - r0) * D), 0.0f);
+    w.m.assign((size_t) (r1 - r0), -INFINITY);
+    w.l.assign((size_t) (r1 - r0), 0.0f);
     for (int64_t c0 = 0; c0 < n_kv; c0 += BLOCK) {
         const int64_t nc = std::min(BLOCK, n_kv - c0);
         bool loaded = false;
@@ -330,33 +347,42 @@ void attend(ggml_tensor * dst, int64_t hkv, int64_t t0, int64_t t1, float scale,
                 loaded = true;
             }
             load_mask(mrow ? mrow + c0 : nullptr, nc, w.mask.data());
-            for (int64_t g = 0; g < G; ++g) {
-                const float * qv = (const float *) ((const char *) q->data + t * q->nb[2] + (hkv * G + g) * q->nb[1]);
-                fold_row(qv, nc, D, scale, w, (t - t0) * G + g);
+            for (int64_t r = std::max(r0, t * G); r < std::min(r1, (t + 1) * G); ++r) {
+                const float * qv = (const float *) ((const char *) q->data + t * q->nb[2] + (hkv * G + r % G) * q->nb[1]);
+                fold_row(qv, nc, D, scale, w, r - r0);
             }
         }
     }
-    for (int64_t t = t0; t < t1; ++t) {
-        for (int64_t g = 0; g < G; ++g) {
-            const int64_t r = (t - t0) * G + g;
-            float * out = (float *) ((char *) dst->data + t * dst->nb[2] + (hkv * G + g) * dst->nb[1]);
-            const float inv = w.l[r] == 0.0f ? 0.0f : 1.0f / w.l[r];  // a query that sees no cell: zeros
-            for (int64_t d = 0; d < D; ++d) {
-                out[d] = w.o[(size_t) (r * D + d)] * inv;
-            }
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t i = r - r0;
+        float * out = (float *) ((char *) dst->data + (r / G) * dst->nb[2] + (hkv * G + r % G) * dst->nb[1]);
+        const float inv = w.l[i] == 0.0f ? 0.0f : 1.0f / w.l[i];  // a query that sees no cell: zeros
+        for (int64_t d = 0; d < D; ++d) {
+            out[d] = w.o[(size_t) (i * D + d)] * inv;
         }
     }
 }
 
-// Thread ith of nth takes every nth (KV head, tokens) item: which thread computes a query changes
-// nothing in how it is computed.
+// The work is every query row of every KV head, numbered head by head (u = hkv·T·G + r), cut into
+// items of equal size: a multiple of nth of them, of at most TOKENS tokens' rows each, taken in turn
+// by the threads. So the threads get the same number of rows whatever the batch (a decode step's
+// 9 rows of SmolLM2's 3 KV heads: 5 and 4, not 6 and 3; a 9-token verify: 42 and 39, not 51 and
+// 30), and a prefill's items still alternate along the causal mask. Which thread computes a row,
+// and with which others, changes nothing in how it is computed.
 void attention_task(ggml_tensor * dst, int ith, int nth, void * userdata) {
     static thread_local work_buffers w;
-    const int64_t T = dst->src[0]->ne[2], Hkv = dst->src[1]->ne[2];
-    const int64_t n_chunks = (T + TOKENS - 1) / TOKENS;
-    for (int64_t item = ith; item < Hkv * n_chunks; item += nth) {
-        const int64_t hkv = item % Hkv, chunk = item / Hkv;
-        attend(dst, hkv, chunk * TOKENS, std::min(T, (chunk + 1) * TOKENS), unpack_scale(userdata), w);
+    const int64_t T = dst->src[0]->ne[2], H = dst->src[0]->ne[1], Hkv = dst->src[1]->ne[2], G = H / Hkv;
+    const int64_t rows_per_head = T * G, n_rows = Hkv * rows_per_head, max_item = TOKENS * G;
+    const int64_t n_items = nth * ((n_rows + nth * max_item - 1) / (nth * max_item));
+    const int64_t item_rows = (n_rows + n_items - 1) / n_items;
+    for (int64_t item = ith; item < n_items; item += nth) {
+        const int64_t u1 = std::min(n_rows, (item + 1) * item_rows);
+        for (int64_t u = item * item_rows; u < u1;) {  // the item's rows, one KV head at a time
+            const int64_t hkv = u / rows_per_head, r0 = u % rows_per_head;
+            const int64_t r1 = std::min(rows_per_head, r0 + (u1 - u));
+            attend(dst, hkv, r0, r1, unpack_scale(userdata), w);
+            u += r1 - r0;
+        }
     }
 }
 
