@@ -10,10 +10,10 @@
 // Now and then the schedule runs another length once: that keeps the costs and the acceptance of
 // the lengths around its best measured, so a change (a longer cache, other requests, another
 // text) moves the choice. The tries cycle through the longest block, a shorter neighbour of the
-// best, a longer one, a shorter one. The longest block measures the acceptance of every position
-// in one step, which neighbours alone never reach where the rate is not concave in the length: on
-// a 0.6B model a 2-token verify costs twice a 1-token one and a 9-token one only 5 times, so no
-// short block pays while long ones do, and a schedule stepping one token at a time from "no draft"
+// best, a longer one, and no draft (from no draft: a longer one). The longest block measures the
+// acceptance of every position in one step, which neighbours alone never reach where the rate is
+// not concave in the length: on a 0.6B model a 2-token verify costs twice a 1-token one and a
+// 9-token one only 5 times, so no short block pays while long ones do, and a schedule stepping one token at a time from "no draft"
 // stays there. The first step of a schedule is such a try; then the interval starts at
 // kExploreMin steps and doubles, up to kExploreMax, while the best length stays the same. A try
 // costs (no draft for a while means a draft cache to catch up, and a new length graphs to build):
@@ -26,11 +26,21 @@ static constexpr double kExploreShare = 0.05;
 // A new length must promise this much more than the current one: a change of length rebuilds
 // the target's and the draft's graphs, and a draft resumed after steps without one first injects
 // what they committed; those enter the per-step costs only as a running average (extra_ms), not
-// for the step that pays them (on a small model a rebuild costs about a step), so near-ties would
-// otherwise flip the length back and forth.
-static constexpr double kSwitchMargin = 0.15;
+// for the step that pays them, so near-ties would otherwise flip the length back and forth. A
+// switch costs about a step and the new length holds for kExploreMin steps and more, so a few
+// percent repay it; a wider margin keeps lengths that lose: a useless draft of one token costs a
+// sixth of a step on SmolLM2-135M (Zen 4, 2 cores), under the 15 % this margin once was, so the
+// schedule stepped down to one token and stayed there (0.90-0.95x of no draft).
+static constexpr double kSwitchMargin = 0.05;
 // Weight of a new gap in its running mean.
 static constexpr double kNewGap = 0.25;
+// Per step, the unmodeled time of the kind of step not run (with or without a draft) moves this
+// much of the way to the other kind's: most of it is the host's, common to both, and a value
+// measured once (a step that rebuilt graphs, a cold cache after other work) must not outlive the
+// steps that would correct it. Without this a spike in the time of steps without a draft, seen
+// just before the schedule chose to draft, stayed as long as it drafted and kept it drafting (a
+// draft that is never accepted drafted 1-2 tokens a step for whole requests).
+static constexpr double kOtherFade = 1.0 / 16;
 
 void dspark_block_schedule::init(int n_max_) {
     n_max = n_max_;
@@ -47,7 +57,9 @@ void dspark_block_schedule::observe_step(double ms) {
         return;
     }
     double & extra = extra_ms[chosen > 0];
+    double & other = extra_ms[chosen == 0];
     extra = (1.0 - kNewGap) * extra + kNewGap * std::max(0.0, ms - chosen_ms);
+    other += kOtherFade * (extra - other);
     if (explored) {
         explore_cost_ms = std::max(0.0, ms - plain_ms);
         since_explore_ms = 0.0;
@@ -132,6 +144,9 @@ int dspark_block_schedule::explore(int best, int n_min) {
     explore_phase = (explore_phase + 1) % 4;
     if (phase == 0 && lo <= n_max) {  // even where it is the best: the first step must measure every position
         return n_max;
+    }
+    if (phase == 3 && best > 0) {  // no draft: its cost is measured again however long the best has drafted
+        return 0;
     }
     const bool up = (phase == 2 && longer <= n_max) || best == 0;
     return up ? (longer <= n_max ? longer : best) : shorter;

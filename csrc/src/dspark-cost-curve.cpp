@@ -29,6 +29,13 @@ void dspark_cost_curve::init(int max_size, const std::vector<int> & sizes, const
             prior[n] = ms[hi - 1] + f * (ms[hi] - ms[hi - 1]);
         }
     }
+    // More work never takes less time: a timing below a smaller size's is noise (three runs on a
+    // busy machine), and kept it would make the larger size look cheaper than the smaller one
+    // for as long as it is not measured again (a 3-row verify below a 1-row decode step: the
+    // schedule then drafted two tokens that were never accepted, as if they were free).
+    for (int n = 2; n <= max_size; ++n) {
+        prior[n] = std::max(prior[n], prior[n - 1]);
+    }
 }
 
 void dspark_cost_curve::calibrate(int max_size, const std::function<double(int)> & time_ms) {
