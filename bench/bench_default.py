@@ -12,17 +12,22 @@ drafting pays: bench/results/planted-draft-q8_0-1.0.gguf on qwen3-0.6b-random-q8
 
 Demo pair (SmolLM2-135M-Instruct + its DSpark draft), the last --n-prompts prompts of each set
 through the chat template, greedy. Tokens/s as LLM.generate reports them (the median over the
-prompts, after a warm-up). Per run the configurations go in turns (the order reversed every other
-run); every run is printed, then the ratios of the sums to target-only in the same runs.
+prompts, after a warm-up). Each run of a set loads every configuration afresh (a new LLM: its
+schedule learns from nothing, as a user's first requests do) and takes the prompts one at a time,
+each through every configuration in turn (the order rotated from prompt to prompt), so that a
+shared machine's drift falls on all of them alike rather than on whichever ran last; every run is
+printed, then the ratios to target-only in the same runs (the mean over the runs).
 """
 from __future__ import annotations
 
 import argparse
+import statistics
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
-from common import RESULTS, add_prompts_arg, chat_prompts, decode_speed, print_table, prompt_texts
+from common import RESULTS, add_prompts_arg, chat_prompts, print_table, prompt_texts
 from tests.gguf_edit import rewrite_gguf
 
 import dspark_ggml as dg
@@ -57,6 +62,25 @@ def useless_draft(src: Path) -> Path:
 
 def config(schedule: str) -> dg.SpeculativeConfig:
     return dg.SpeculativeConfig() if schedule == "default" else dg.SpeculativeConfig(schedule=schedule)
+
+
+def paired_speeds(target: str, drafts: dict, configs: list, prompts: list, max_tokens: int, threads: int,
+                  reverse: bool) -> dict:
+    """{config: median tokens/s over the prompts}, every configuration loaded at once and each prompt
+    run through all of them before the next (a new LLM each: the schedules start from nothing)."""
+    with ExitStack() as stack:
+        llms = {}
+        for schedule, draft in configs:
+            llms[(schedule, draft)] = stack.enter_context(dg.LLM(
+                target, draft_model_path=str(drafts[draft]) if draft else None, n_ctx=1024, n_threads=threads,
+                speculative=None if draft is None else config(schedule)))
+            llms[(schedule, draft)].generate(prompts[0], max_tokens=8)  # warm-up: first graphs, caches
+        speeds = {c: [] for c in configs}
+        for i, p in enumerate(prompts):
+            order = configs[i % len(configs):] + configs[:i % len(configs)]
+            for c in (order[::-1] if reverse else order):
+                speeds[c].append(llms[c].generate(p, max_tokens=max_tokens).stats.tokens_per_second)
+    return {c: statistics.median(v) for c, v in speeds.items()}
 
 
 def main() -> int:
@@ -94,12 +118,8 @@ def main() -> int:
         prompts = [tok.encode(p, add_special=False, parse_special=True)
                    for p in (texts if args.no_chat else chat_prompts(tok, texts))]
         for run in range(args.runs):
-            order = configs if run % 2 == 0 else configs[::-1]
-            got = {}
-            for schedule, draft in order:
-                got[(schedule, draft)] = decode_speed(target, prompts, args.max_tokens, args.threads,
-                                                      draft=drafts[draft] if draft else None,
-                                                      speculative=None if draft is None else config(schedule))
+            got = paired_speeds(str(target), drafts, configs, prompts, args.max_tokens, args.threads,
+                                reverse=run % 2 == 1)
             base = got[("none", None)]
             for key, v in got.items():
                 sums.setdefault((name, key), []).append(v / base)
