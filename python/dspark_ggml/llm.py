@@ -267,7 +267,7 @@ class LLM(Closing):
         ``generate``), so mixed temperatures, seeds and stops share a batch; ``options`` override
         fields of every one of them. A result depends only on its own prompt, parameters and
         seed: it is the same as generate() on the prompt alone, token for token (greedy and seeded
-        sampled), on the CPU in every weight type (see the README's "Lossless for every weight type").
+        sampled), on the CPU in every weight type (see docs/lossless.md, "Lossless for every weight type").
         """
         if isinstance(prompts, str):
             raise TypeError("generate_batch() takes a list of prompts; for one prompt use generate()")
