@@ -113,8 +113,10 @@ def test_not_an_object_and_the_token_endpoints():
     for body in ([], "x", 3, None):
         with pytest.raises(ApiError):
             parse_completion(body, DEFAULTS, 4)
-    assert parse_tokenize({"content": "a"}) == ("a", False, True)
-    assert parse_tokenize({"content": "a", "add_special": True, "parse_special": False}) == ("a", True, False)
+    assert parse_tokenize({"content": "a"}) == ("a", False, True, False)
+    assert parse_tokenize({"content": "a", "add_special": True, "parse_special": False}) == \
+        ("a", True, False, False)
+    assert parse_tokenize({"content": "a", "with_pieces": True}) == ("a", False, True, True)
     with pytest.raises(ApiError):
         parse_tokenize({"text": "a"})
     assert parse_detokenize({"tokens": []}, 10) == []

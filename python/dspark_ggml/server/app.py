@@ -1,6 +1,6 @@
 """The HTTP routes (FastAPI): OpenAI's endpoints (under /v1 and at the root, as llama-server)
-plus llama-server's /health, /tokenize, /detokenize and /metrics. No route reads or writes a file:
-models are chosen at startup only."""
+plus llama-server's /health (and /v1/health), /props, /apply-template, /tokenize, /detokenize
+and /metrics. No route reads or writes a file: models are chosen at startup only."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +20,8 @@ from .embeddings import encode
 from .errors import ApiError, bad_request, error_body, unavailable
 from .generation import CompletionStream, respond_stream, respond_whole
 from .logprobs import LogprobText
-from .prompts import choice_requests, prompt_tokens, tokenize
+from .llama_info import props, token_pieces
+from .prompts import chat_text, choice_requests, prompt_tokens, tokenize
 from .protocol import (GenerationRequest, parse_chat, parse_completion, parse_detokenize, parse_embeddings,
                        parse_responses, parse_tokenize)
 from .responses import Extras, ResponseBuilder
@@ -109,6 +110,14 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         body = await _body(state, request)
         req = parse_responses(body, state.config.sampling, state.config.n_slots)
         return await _generate(state, request, req.chat, req.echo)
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> JSONResponse:
+        """llama-server's: the chat route's parsing and template, no generation."""
+        body = await _body(state, request)
+        req = parse_chat(body, state.config.sampling, state.config.n_slots)
+        llm, _ = state.require_ready()
+        return JSONResponse({"prompt": await run_in_threadpool(chat_text, llm, req)})
 
     @_routes(app, "POST", "/v1/embeddings", "/embeddings")
     async def embeddings(request: Request) -> Any:
@@ -210,7 +219,7 @@ async def _embeddings(state: ServerState, request: Request) -> JSONResponse:
 
 
 def _add_info_routes(app: FastAPI, state: ServerState) -> None:
-    @app.get("/health")
+    @_routes(app, "GET", "/health", "/v1/health")
     async def health() -> JSONResponse:
         if not state.ready:
             err = state.not_ready()
@@ -236,9 +245,16 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
     async def tokenize_route(request: Request) -> JSONResponse:
         llm, _ = state.require_ready()
         body = await read_json(request, state.config.max_body_bytes)
-        content, add_special, parse_special = parse_tokenize(body)
-        return JSONResponse({"tokens": _text_call(llm.tokenize, content, add_special=add_special,
-                                                  parse_special=parse_special)})
+        content, add_special, parse_special, with_pieces = parse_tokenize(body)
+        tokens = _text_call(llm.tokenize, content, add_special=add_special, parse_special=parse_special)
+        if with_pieces:  # a tokenizer exists: tokenize above needed one
+            return JSONResponse({"tokens": token_pieces(llm.tokenizer, tokens)})
+        return JSONResponse({"tokens": tokens})
+
+    @app.get("/props")
+    async def props_route() -> JSONResponse:
+        llm, _ = state.require_ready()
+        return JSONResponse(props(state, llm))
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:

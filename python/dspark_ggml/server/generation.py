@@ -118,7 +118,7 @@ class CompletionStream:
         if text or logprobs is not None:
             out.append(event(b.chunk(choice.index, text, logprobs=logprobs)))
         if chunk.finish_reason is not None:
-            out += self._last(choice, chunk.finish_reason)
+            out += self._last(choice)
         return out
 
     def _logprobs(self, chunk: GenerationChunk, choice: Choice, text: str) -> dict[str, Any] | None:
@@ -139,7 +139,7 @@ class CompletionStream:
         text, choice.n_streamed = full[choice.n_streamed:end], end
         return text
 
-    def _last(self, choice: Choice, finish_reason: str) -> list[bytes]:
+    def _last(self, choice: Choice) -> list[bytes]:
         """The finish chunk; with tools, first the text held back, then the tool calls."""
         b = self.builder
         out = []
@@ -152,8 +152,7 @@ class CompletionStream:
                 content = content.rstrip()
             if content:
                 out.append(event(b.chunk(choice.index, content)))
-        out.append(event(b.chunk(choice.index, "", finish_reason, stats=choice.stats,
-                                 tool_calls=calls.calls if calls is not None else None)))
+        out.append(event(b.finish_chunk(choice, tool_calls=calls.calls if calls is not None else None)))
         return out
 
     def closing(self, choices: list[Choice]) -> list[bytes]:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from ..decode_loop import Request
 from ..errors import DSparkError, InvalidArgumentError
 from ..structured import TokenConstraint, constraint_for
-from .errors import bad_request
+from .errors import bad_request, exceed_context
 from .protocol import GenerationRequest, Prompt, check_prompt_tokens
 from .tools import as_plain_messages, template_takes_tools, with_tools
 
@@ -31,15 +31,32 @@ def prompt_tokens(llm: LLM, req: GenerationRequest) -> list[list[int]]:
 
 
 def _chat_tokens(llm: LLM, req: GenerationRequest) -> list[int]:
-    """The chat through the GGUF's template; with tools, a template that takes them renders them,
-    else they are listed in the system prompt (tools.with_tools)."""
+    messages, tools = _chat_input(llm, req)
+    return llm.tokenizer.encode_chat(messages, tools=tools)  # type: ignore[union-attr]
+
+
+def chat_text(llm: LLM, req: GenerationRequest) -> str:
+    """The text a chat request's messages render to: what /apply-template answers, and what
+    _chat_tokens tokenizes (the same messages and tools through the same template)."""
+    try:
+        messages, tools = _chat_input(llm, req)
+        return llm.tokenizer.apply_chat_template(messages, tools=tools)  # type: ignore[union-attr]
+    except (DSparkError, ValueError) as e:  # no tokenizer, a template that refuses the messages
+        raise bad_request(str(e), "messages") from e
+
+
+def _chat_input(llm: LLM, req: GenerationRequest) -> tuple[list[dict], list[dict] | None]:
+    """The messages (and tools) the GGUF's template renders; with tools, a template that takes
+    them renders them, else they are listed in the system prompt (tools.with_tools)."""
+    if llm.tokenizer is None:
+        raise InvalidArgumentError(f"{llm.model.path} has no tokenizer: chat needs one")
     messages = req.messages or []
-    template = llm.tokenizer.chat_template if llm.tokenizer is not None else None
+    template = llm.tokenizer.chat_template
     if req.tools is not None and template_takes_tools(template):
-        return llm.tokenizer.encode_chat(messages, tools=req.tools.tools)  # type: ignore[union-attr]
+        return messages, req.tools.tools
     if req.tools is not None:
-        return llm.apply_chat_template(with_tools(messages, req.tools))
-    return llm.apply_chat_template(as_plain_messages(messages))
+        return with_tools(messages, req.tools), None
+    return as_plain_messages(messages), None
 
 
 def tokenize(llm: LLM, prompt: Prompt, param: str) -> list[int]:
@@ -57,9 +74,9 @@ def tokenize(llm: LLM, prompt: Prompt, param: str) -> list[int]:
 def _checked(llm: LLM, tokens: list[int], what: str) -> list[int]:
     if not tokens:
         raise bad_request(f"{what} is empty (no tokens)", "prompt")
-    if len(tokens) >= llm.n_ctx:
-        raise bad_request(f"{what} has {len(tokens)} tokens; the context holds {llm.n_ctx} "
-                          "(prompt and output together)", "prompt")
+    if len(tokens) >= llm.n_ctx:  # as llama-server: a prompt must leave room for one generated token
+        raise exceed_context(f"{what} has {len(tokens)} tokens; the context holds {llm.n_ctx} "
+                             "(prompt and output together)", len(tokens), llm.n_ctx)
     return tokens
 
 

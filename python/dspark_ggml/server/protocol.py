@@ -366,13 +366,14 @@ def _message_item(item: dict[str, Any], param: str) -> dict[str, Any]:
     return {"role": role, "content": content}
 
 
-def parse_tokenize(body: Any) -> tuple[str, bool, bool]:
-    """(content, add_special, parse_special) of POST /tokenize (llama-server's fields)."""
+def parse_tokenize(body: Any) -> tuple[str, bool, bool, bool]:
+    """(content, add_special, parse_special, with_pieces) of POST /tokenize (llama-server's fields)."""
     f = Fields(body)
     content = f.string("content", None)
     if content is None:
         raise bad_request("'content' (the text to tokenize) is required", "content")
-    return content, f.boolean("add_special", False), f.boolean("parse_special", True)
+    return content, f.boolean("add_special", False), f.boolean("parse_special", True), \
+        f.boolean("with_pieces", False)
 
 
 def parse_detokenize(body: Any, n_vocab: int) -> list[int]:

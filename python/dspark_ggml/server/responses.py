@@ -4,6 +4,10 @@ Besides OpenAI's fields every response carries ``speculative``: the method, draf
 verification, how many the target accepted, the acceptance rate and tau (tokens per verify step,
 the target's own included), summed over the request's choices. In a stream each choice's last chunk
 carries its own, and the usage chunk (``stream_options.include_usage``) the sum.
+
+And llama-server's ``timings`` (timings.py): in a whole response the request's; in a stream where
+llama-server puts them, on the last event of a choice's end: its finish chunk, or for chat with
+``include_usage`` the usage chunk (the sum); a completions stream's usage chunk has the sum too.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Any
 
 from ..engine import SpecStats
 from .logprobs import LogprobText, NoLogprob, chat_entries, completion_logprobs
+from .timings import timings
 from .tools import ParsedCalls, ToolChoice, parse_calls
 
 # our finish reasons -> OpenAI's ("context_full" is a length limit to an OpenAI client)
@@ -67,8 +72,9 @@ class ResponseBuilder:
     # ---- whole responses --------------------------------------------------------------------------
 
     def completion(self, choices: list[Choice]) -> dict[str, Any]:
-        return {**self._head("chat.completion" if self.chat else "text_completion"),
-                "choices": [self._choice(c) for c in choices], **self.usage(choices)}
+        out = {**self._head("chat.completion" if self.chat else "text_completion"),
+               "choices": [self._choice(c) for c in choices], **self.usage(choices)}
+        return _with_timings(out, choices)
 
     def _choice(self, c: Choice) -> dict[str, Any]:
         text = "".join(c.text)
@@ -143,10 +149,17 @@ class ResponseBuilder:
             out["speculative"] = speculative_stats(self.method, [stats] if stats else [])
         return out
 
+    def finish_chunk(self, choice: Choice, *, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The chunk that ends a streamed choice; it carries the choice's timings unless a chat
+        usage chunk follows (llama-server puts them on the last event only)."""
+        out = self.chunk(choice.index, "", choice.finish_reason, stats=choice.stats, tool_calls=tool_calls)
+        return out if self.chat and self.include_usage else _with_timings(out, [choice])
+
     def usage_chunk(self, choices: list[Choice]) -> dict[str, Any]:
         """The last chunk of a stream that asked for it (stream_options.include_usage): no choices,
-        the usage and the speculative stats of every choice."""
-        return {**self._head(self._chunk_object), "choices": [], **self.usage(choices)}
+        the usage, the speculative stats and the timings of every choice."""
+        out = {**self._head(self._chunk_object), "choices": [], **self.usage(choices)}
+        return _with_timings(out, choices)
 
     @property
     def _chunk_object(self) -> str:
@@ -173,6 +186,13 @@ class ResponseBuilder:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint}
+
+
+def _with_timings(out: dict[str, Any], choices: list[Choice]) -> dict[str, Any]:
+    t = timings(choices)
+    if t is not None:
+        out["timings"] = t
+    return out
 
 
 def speculative_stats(method: str, stats: list[SpecStats]) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 server can take (400 otherwise: not JSON, nested too deep, a lone UTF-16 surrogate, NaN/Infinity).
 
 The key is compared in constant time (hmac.compare_digest) so response timing does not reveal how
-much of a guess was right. /health stays open so that load balancers and supervisors can probe.
+much of a guess was right. /health (and /v1/health) stay open so that load balancers and supervisors
+can probe: llama-server's public endpoints, besides its web UI's files, which we do not serve.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from .errors import ApiError, bad_request, error_body
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/v1/health"})
 DRAIN_FACTOR = 16  # a body this many times the limit is not read to its end
 # a \uD800-\uDFFF escape: the only way a JSON body (UTF-8) can carry a surrogate
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
