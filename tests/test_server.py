@@ -286,7 +286,8 @@ def test_openai_client_sees_bad_request(oai):
 
 
 def test_api_key(server, http, reference):
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+    # (the key bare or in X-Api-Key is accepted, as llama-server: test_server_llama_api)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}, {"X-Api-Key": "wrong"}):
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"}, headers=headers)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(server.url + "/metrics", headers=headers).status_code == 401

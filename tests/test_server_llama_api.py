@@ -317,3 +317,15 @@ def test_public_routes_need_no_api_key(servers, http):
         r = httpx.request(method, url + path, json=body)
         assert r.status_code == 401, (path, r.text)
         assert http["draft"].request(method, path, json=body).status_code == 200, path
+
+
+def test_the_api_key_is_taken_as_llama_server_takes_it(servers):
+    """Authorization with or without "Bearer ", or X-Api-Key (Anthropic's clients) when there is no
+    Authorization; a wrong key in either header is refused."""
+    url = servers["draft"].url + "/props"
+    for headers in ({"Authorization": f"Bearer {KEY}"}, {"Authorization": KEY}, {"X-Api-Key": KEY},
+                    {"X-Api-Key": f"Bearer {KEY}"}):
+        assert httpx.get(url, headers=headers).status_code == 200, headers
+    for headers in ({"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"}, {"Authorization": f"Basic {KEY}"},
+                    {"Authorization": "Bearer wrong", "X-Api-Key": KEY}):
+        assert httpx.get(url, headers=headers).status_code == 401, headers

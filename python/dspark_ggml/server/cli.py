@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--queue-size", type=int, default=d.queue_size, metavar="N",
                    help=f"sequences that may wait for a slot; more get HTTP 503 (default: {d.queue_size})")
     g.add_argument("--api-key", metavar="KEY",
-                   help=f"require 'Authorization: Bearer KEY' on every endpoint but /health "
+                   help=f"require 'Authorization: Bearer KEY' (or X-Api-Key: KEY) on every endpoint but /health "
                         f"(default: ${API_KEY_ENV} if set, else none)")
     g.add_argument("--max-body", dest="max_body_bytes", type=int, default=DEFAULT_MAX_BODY, metavar="BYTES",
                    help=f"largest request body; larger ones get HTTP 413 (default: {DEFAULT_MAX_BODY})")

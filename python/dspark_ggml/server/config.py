@@ -21,7 +21,8 @@ class ServerConfig:
             deliberate choice).
         n_slots: sequences decoded at once (engine sequence ids; a request with n choices takes n).
         queue_size: sequences that may wait for a slot; beyond that requests get 503.
-        api_key: when set, every endpoint but /health and /v1/health needs ``Authorization: Bearer <key>``.
+        api_key: when set, every endpoint but /health and /v1/health needs the key
+            (``Authorization: Bearer <key>``, or ``X-Api-Key``, as llama-server).
         max_body_bytes: larger request bodies get 413.
         model_id: the name /v1/models lists (requests may name any model: there is one).
         sampling: defaults for fields a request leaves out (max_tokens, temperature, ...).

@@ -38,7 +38,7 @@ class ApiKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str,
                  on_reject: Callable[[int], None] = lambda status: None) -> None:
         self.app = app
-        self._key = ("Bearer " + api_key).encode()
+        self._key = api_key.encode()
         self._on_reject = on_reject
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
@@ -46,7 +46,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         self._on_reject(401)
-        body = json.dumps(error_body(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+        body = json.dumps(error_body(401, "invalid or missing API key: send 'Authorization: Bearer <key>' (or 'X-Api-Key: <key>')",
                                      code="invalid_api_key")).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
@@ -54,7 +54,12 @@ class ApiKeyMiddleware:
         await send({"type": "http.response.body", "body": body})
 
     def _authorized(self, scope: dict) -> bool:
-        given = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
+        """The key as llama-server takes it: from Authorization, else from X-Api-Key (what Anthropic's
+        clients send), with or without a "Bearer " prefix."""
+        headers = dict(scope.get("headers", []))
+        given = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
+        if given.startswith(b"Bearer "):
+            given = given[len(b"Bearer "):]
         return hmac.compare_digest(given, self._key)
 
 
