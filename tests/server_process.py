@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 
@@ -94,6 +94,29 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(10)
         self._log.close()
+
+
+def running_servers(specs: dict[str, tuple[list[str], str | None]], folder) -> Iterator[dict[str, ServerProcess]]:
+    """A module fixture's servers: {name: (args, api key or None)} started in turn (logs in
+    folder(name)), yielded, then stopped; each must exit 0 with no request ended in an internal error."""
+    started: dict[str, ServerProcess] = {}
+    try:
+        for name, (args, key) in specs.items():
+            started[name] = ServerProcess(args, folder(name) / "server.log", key)
+        yield started
+    finally:
+        logs = {name: (srv.terminate(), srv.log()) for name, srv in started.items()}
+    for name, (code, log) in logs.items():
+        assert code == 0, log
+        assert "Traceback" not in log and "internal error" not in log, f"{name}:\n{log}"
+
+
+def http_clients(servers: dict[str, ServerProcess], timeout: float = 60.0) -> Iterator[dict[str, httpx.Client]]:
+    """An httpx client (with the server's key) per server, closed afterwards."""
+    clients = {name: srv.client(timeout=timeout) for name, srv in servers.items()}
+    yield clients
+    for c in clients.values():
+        c.close()
 
 
 def sse(http, path: str, body: dict[str, Any]) -> list[tuple[str | None, Any]]:

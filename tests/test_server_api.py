@@ -21,7 +21,8 @@ from dspark_ggml import LLM  # noqa: E402
 from dspark_ggml.context import Context  # noqa: E402
 from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
 
-from server_process import FA_ARGS, HOST, SERVER_FA, ServerProcess, read_metrics, sse  # noqa: E402
+from server_process import (FA_ARGS, HOST, SERVER_FA, http_clients, read_metrics, running_servers,  # noqa: E402
+                            sse)
 
 KEY = "api-test-key-0123456789"
 ORIGIN = "http://allowed.example"
@@ -39,30 +40,14 @@ FINGERPRINT = re.compile(r"dspark-ggml-\d+\.\d+\.\d+\S*-[0-9a-f]{12}")
 def servers(tmp_path_factory):
     """"draft": the demo pair (static schedule: it drafts every step), an API key, CORS for ORIGIN;
     "plain": the target alone, no key, no CORS."""
-    started: dict[str, ServerProcess] = {}
-    try:
-        started["draft"] = ServerProcess(["-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-schedule", "static", "--cors-origins", ORIGIN,
-                                          *COMMON], tmp_path_factory.mktemp("draft") / "server.log", KEY)
-        started["plain"] = ServerProcess(["-m", str(TARGET_PATH), *COMMON],
-                                         tmp_path_factory.mktemp("plain") / "server.log")
-        yield started
-    finally:
-        logs = {}
-        for name, srv in started.items():
-            code = srv.terminate()
-            logs[name] = (code, srv.log())
-    for name, (code, log) in logs.items():
-        assert code == 0, log
-        # no request ended in an internal error
-        assert "Traceback" not in log and "internal error" not in log, f"{name}:\n{log}"
+    pair = ["-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-schedule", "static", "--cors-origins", ORIGIN, *COMMON]
+    yield from running_servers({"draft": (pair, KEY), "plain": (["-m", str(TARGET_PATH), *COMMON], None)},
+                               tmp_path_factory.mktemp)
 
 
 @pytest.fixture(scope="module")
 def http(servers):
-    clients = {name: srv.client(timeout=60) for name, srv in servers.items()}
-    yield clients
-    for c in clients.values():
-        c.close()
+    yield from http_clients(servers)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from dspark_ggml import __version__  # noqa: E402
 from dspark_ggml.tokenizer import Tokenizer  # noqa: E402
 from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
 
-from server_process import FA_ARGS, ServerProcess, sse  # noqa: E402
+from server_process import FA_ARGS, ServerProcess, http_clients, running_servers, sse  # noqa: E402
 
 KEY = "llama-api-test-key-0123456789"
 N_CTX = 256
@@ -35,26 +35,14 @@ MIXED_TEXT = "def f(x):\n    return 'héllo wörld 日本語 🙂'"
 def servers(tmp_path_factory):
     """"draft": the demo pair (static schedule: it drafts every step) behind an API key;
     "plain": the target alone, no key."""
-    started: dict[str, ServerProcess] = {}
-    try:
-        started["draft"] = ServerProcess(["-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-schedule", "static",
-                                          *COMMON], tmp_path_factory.mktemp("draft") / "server.log", KEY)
-        started["plain"] = ServerProcess(["-m", TARGET_PATH, *COMMON],
-                                         tmp_path_factory.mktemp("plain") / "server.log")
-        yield started
-    finally:
-        logs = {name: (srv.terminate(), srv.log()) for name, srv in started.items()}
-    for name, (code, log) in logs.items():
-        assert code == 0, log
-        assert "Traceback" not in log and "internal error" not in log, f"{name}:\n{log}"
+    pair = ["-m", TARGET_PATH, "-md", DRAFT_PATH, "--spec-schedule", "static", *COMMON]
+    yield from running_servers({"draft": (pair, KEY), "plain": (["-m", TARGET_PATH, *COMMON], None)},
+                               tmp_path_factory.mktemp)
 
 
 @pytest.fixture(scope="module")
 def http(servers):
-    clients = {name: srv.client(timeout=60) for name, srv in servers.items()}
-    yield clients
-    for c in clients.values():
-        c.close()
+    yield from http_clients(servers)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ httpx = pytest.importorskip("httpx")
 
 from tests.tiny_pair import DRAFT_PATH, TARGET_PATH  # noqa: E402
 
-from server_process import ServerProcess  # noqa: E402
+from server_process import running_servers  # noqa: E402
 
 COMMON = ["-t", "1", "--spec-schedule", "static"]
 PAIR = ["-m", TARGET_PATH, "-md", DRAFT_PATH]
@@ -29,16 +29,7 @@ def servers(tmp_path_factory):
     reference output; "plain": the target alone, cached; "small": the pair, cached, in 512 cells."""
     args = {"cached": [*PAIR, "-np", "3"], "fresh": [*PAIR, "-np", "3", "--no-cache-prompt"],
             "plain": ["-m", TARGET_PATH, "-np", "2"], "small": [*PAIR, "-np", "3", "-c", "512"]}
-    started: dict[str, ServerProcess] = {}
-    try:
-        for name, a in args.items():
-            started[name] = ServerProcess([*a, *COMMON], tmp_path_factory.mktemp(name) / "server.log")
-        yield started
-    finally:
-        logs = {name: (srv.terminate(), srv.log()) for name, srv in started.items()}
-    for name, (code, log) in logs.items():
-        assert code == 0, log
-        assert "Traceback" not in log and "internal error" not in log, f"{name}:\n{log}"
+    yield from running_servers({name: ([*a, *COMMON], None) for name, a in args.items()}, tmp_path_factory.mktemp)
 
 
 @pytest.fixture(scope="module")
