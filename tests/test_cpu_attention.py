@@ -25,14 +25,27 @@ def _has_kernel() -> bool:
     return "AVX2" in feats and "F16C" in feats and "FMA" in feats
 
 
+# (query heads, KV heads, head size): the node scores up to 4 rows of a group at once and keeps up
+# to 8 vectors of each output in registers, so groups of 2, 3 (SmolLM2) and 6 (two calls) and head
+# sizes of 32 to 256 (several passes over the output) take each of its paths.
+GROUPS = [(4, 2, 32), (9, 3, 64), (12, 2, 128), (8, 1, 256)]
+
+
 @pytest.fixture(scope="module")
 def gqa(make_target):
     # 4 query heads on 2 KV heads, head size 32: every block is read by two heads per KV head
     return make_target("attn_gqa", arch="qwen3", n_head=4, n_head_kv=2, head_dim=32, n_layer=2)
 
 
-def test_long_prompt_matches_numpy(gqa):
-    path, w, cfg = gqa
+@pytest.fixture(scope="module", params=GROUPS, ids=lambda g: f"h{g[0]}_kv{g[1]}_d{g[2]}")
+def grouped(make_target, request):
+    n_head, n_head_kv, head_dim = request.param
+    return make_target(f"attn_g{n_head}_{n_head_kv}_{head_dim}", arch="qwen3", n_head=n_head, n_head_kv=n_head_kv,
+                       head_dim=head_dim, n_layer=2)
+
+
+def test_long_prompt_matches_numpy(grouped):
+    path, w, cfg = grouped
     m = Model(path)
     ctx = Context(m, n_ctx=256, type_kv="f32", flash_attn=True, n_threads=2)
     ctx.decode(LONG, outputs=np.ones(len(LONG), bool))
@@ -82,13 +95,13 @@ np.save(sys.argv[3], np.stack([prefill[-9:], np.array(steps)]))
 
 
 @pytest.mark.skipif(not _has_kernel(), reason="this CPU build has no AVX2/F16C kernel: ggml's is used")
-def test_it_computes_ggml_prefill_bits_for_every_batch(gqa, tmp_path):
+def test_it_computes_ggml_prefill_bits_for_every_batch(grouped, tmp_path):
     """ggml's flash attention takes batches of 64 queries and more through a tiled kernel and
     smaller ones through a one-query kernel (q rounded to f16), so its decode steps differ from its
     prefill. Ours repeats the tiled kernel's arithmetic for every query: a 150-token prefill gives
     ggml's logits bit for bit (so perplexity and KL divergence are llama.cpp's), and the decode
     steps over the same cells give the prefill's rows."""
-    path, _, _ = gqa
+    path, _, _ = grouped
     out = {}
     for name, env in (("ours", {}), ("ggml", {"DSPARK_CPU_ATTENTION": "ggml"})):
         dst = tmp_path / f"{name}.npy"

@@ -1,9 +1,11 @@
 #include "dspark-attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 // The kernel needs AVX2, FMA and F16C at compile time (this file is built for the machine, see
@@ -213,87 +215,160 @@ void load_keys_transposed(const ggml_tensor * t, int64_t head, int64_t c0, int64
     }
 }
 
+// Whether a token's mask row shows any of the block's first n cells: a whole block's 64 f16 values
+// are compared 16 at a time (a decode step of many sequences asks this of every block of every
+// other sequence, on every layer and KV head).
+bool block_visible(const ggml_fp16_t * mrow, int64_t n) {
+    if (n == BLOCK) {
+        const __m256i neg_inf = _mm256_set1_epi16((short) F16_NEG_INF);
+        __m256i hidden = _mm256_set1_epi16(-1);
+        for (int64_t c = 0; c < BLOCK; c += 16) {
+            const __m256i m = _mm256_loadu_si256((const __m256i *) (mrow + c));
+            hidden = _mm256_and_si256(hidden, _mm256_cmpeq_epi16(m, neg_inf));
+        }
+        return _mm256_movemask_epi8(hidden) != -1;
+    }
+    for (int64_t c = 0; c < n; ++c) {
+        if (mrow[c] != F16_NEG_INF) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // The mask of a token over the block's cells as f32, cells at or past n hidden (-inf).
 void load_mask(const ggml_fp16_t * mrow, int64_t n, float * out) {
-    for (int64_t c = 0; c < BLOCK; ++c) {
+    int64_t c = 0;
+    if (mrow) {
+        for (; c + 8 <= n; c += 8) {
+            _mm256_storeu_ps(out + c, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (mrow + c))));
+        }
+    }
+    for (; c < BLOCK; ++c) {
         out[c] = c >= n ? -INFINITY : mrow ? _cvtsh_ss(mrow[c]) : 0.0f;
     }
 }
 
+// Query rows of one token (the heads of a KV group, which share its mask) go through a block
+// together, a few at a time: each key and value vector is loaded once for all of them. Each row's
+// sums are the ones it gets alone, in the same order.
+constexpr int64_t MAX_ROWS = 4;
+constexpr int64_t REGS     = W == 16 ? 32 : 16;  // vector registers
+
+// The rows one call scores with nv vectors of cells: keys (nv), accumulators (rows·nv) and a
+// broadcast fit in the registers.
+constexpr int64_t rows_per_call(int64_t nv) {
+    return std::clamp<int64_t>((REGS - 1 - nv) / nv, 1, MAX_ROWS);
+}
+
 struct work_buffers {
     std::vector<float> k, v, p, o, m, l;
-    std::vector<float> mask;  // one token's mask over the block, shared by the heads of the group
+    std::vector<float> mask;       // one token's mask over the block, shared by the heads of the group
+    std::vector<const float *> q;  // the queries of one token's rows
 };
 
-// s = q·k_c · scale + mask for the first NV vectors of cells of the block, into p; returns the
-// largest. (NV a constant: the accumulators stay in registers.)
-template <int64_t NV>
-float block_scores_of(const float * q, const float * kt, int64_t D, float scale, const float * mask, float * p) {
-    fvec acc[NV];
-    for (int64_t i = 0; i < NV; ++i) {
-        acc[i] = vzero();
-    }
-    for (int64_t d = 0; d < D; ++d) {
-        const fvec qd = vset1(q[d]);
+// s = q_r·k_c · scale + mask for rows r < R and the first NV vectors of cells of the block, into
+// p + r·BLOCK; top[r] = the largest of row r. (NV and R constants: the sums stay in registers.)
+template <int64_t NV, int64_t R>
+void block_scores_of(const float * const * q, const float * kt, int64_t D, float scale, const float * mask, float * p,
+                     float * top) {
+    fvec acc[R][NV];
+    for (int64_t r = 0; r < R; ++r) {
         for (int64_t i = 0; i < NV; ++i) {
-            acc[i] = vfma(vload(kt + d * BLOCK + i * W), qd, acc[i]);
+            acc[r][i] = vzero();
         }
     }
-    fvec top = vset1(-INFINITY);
-    for (int64_t i = 0; i < NV; ++i) {
-        const fvec s = vadd(vmul(acc[i], vset1(scale)), vload(mask + i * W));
-        vstore(p + i * W, s);
-        top = vmax(top, s);
+    for (int64_t d = 0; d < D; ++d) {
+        fvec kd[NV];
+        for (int64_t i = 0; i < NV; ++i) {
+            kd[i] = vload(kt + d * BLOCK + i * W);
+        }
+        for (int64_t r = 0; r < R; ++r) {
+            const fvec qd = vset1(q[r][d]);
+            for (int64_t i = 0; i < NV; ++i) {
+                acc[r][i] = vfma(kd[i], qd, acc[r][i]);
+            }
+        }
     }
-    return vmax_all(top);
+    for (int64_t r = 0; r < R; ++r) {
+        fvec t = vset1(-INFINITY);
+        for (int64_t i = 0; i < NV; ++i) {
+            const fvec s = vadd(vmul(acc[r][i], vset1(scale)), vload(mask + i * W));
+            vstore(p + r * BLOCK + i * W, s);
+            t = vmax(t, s);
+        }
+        top[r] = vmax_all(t);
+    }
 }
+
+using scores_fn = void (*)(const float * const *, const float *, int64_t, float, const float *, float *, float *);
+
+template <int64_t NV, size_t... R>
+constexpr std::array<scores_fn, MAX_ROWS> scores_by_rows(std::index_sequence<R...>) {
+    return {block_scores_of<NV, (int64_t) R + 1>...};
+}
+
+template <size_t... NV>
+constexpr std::array<std::array<scores_fn, MAX_ROWS>, sizeof...(NV)> scores_by_vectors(std::index_sequence<NV...>) {
+    return {scores_by_rows<(int64_t) NV + 1>(std::make_index_sequence<MAX_ROWS>{})...};
+}
+
+// SCORES[nv - 1][rows - 1]: block_scores_of for nv vectors of cells and that many rows.
+constexpr auto SCORES = scores_by_vectors(std::make_index_sequence<VECS>{});
 
 // The vectors of cells that hold the first nc cells of a block. The cells past nc are masked and
 // add exp(-inf) = 0 to every sum, so the vectors wholly past nc (at the end of a sequence's cells)
 // are neither scored nor added.
 inline int64_t vectors_in_use(int64_t nc) { return (nc + W - 1) / W; }
 
-// block_scores_of for the vectors_in_use(nc) vectors.
-float block_scores(const float * q, const float * kt, int64_t D, float scale, const float * mask, int64_t nc, float * p) {
-    using scores_fn = float (*)(const float *, const float *, int64_t, float, const float *, float *);
-    static constexpr scores_fn by_vectors[8] = {block_scores_of<1>, block_scores_of<2>, block_scores_of<3>, block_scores_of<4>,
-                                                block_scores_of<5>, block_scores_of<6>, block_scores_of<7>, block_scores_of<8>};
-    static_assert(VECS <= 8, "a block has at most 8 vectors of cells");
-    return by_vectors[vectors_in_use(nc) - 1](q, kt, D, scale, mask, p);
-}
-
-// o += Σ_c p[c]·v_c over the first nc cells (the rest have p = 0), D values of o at a time in
-// registers, 8 vectors per pass.
-void accumulate_values(const float * p, const float * v, int64_t nc, int64_t D, float * o) {
-    constexpr int64_t PASS = 8 * W;
+// o_r += Σ_c p_r[c]·v_c over the first nc cells (the rest have p = 0) for rows r < R, D values of
+// each o at a time in registers.
+template <int64_t R>
+void accumulate_values_of(const float * const * p, const float * v, int64_t nc, int64_t D, float * const * o) {
+    constexpr int64_t PASS = std::min<int64_t>(8, (REGS - 1 - R) / R) * W;
     for (int64_t d0 = 0; d0 < D; d0 += PASS) {
         const int64_t nv = std::min<int64_t>(PASS, D - d0) / W;
-        fvec acc[8];
-        for (int64_t j = 0; j < nv; ++j) {
-            acc[j] = vload(o + d0 + j * W);
-        }
-        for (int64_t c = 0; c < nc; ++c) {
-            const fvec pc = vset1(p[c]);
+        fvec acc[R][PASS / W];
+        for (int64_t r = 0; r < R; ++r) {
             for (int64_t j = 0; j < nv; ++j) {
-                acc[j] = vfma(vload(v + c * D + d0 + j * W), pc, acc[j]);
+                acc[r][j] = vload(o[r] + d0 + j * W);
             }
         }
-        for (int64_t j = 0; j < nv; ++j) {
-            vstore(o + d0 + j * W, acc[j]);
+        for (int64_t c = 0; c < nc; ++c) {
+            for (int64_t j = 0; j < nv; ++j) {
+                const fvec vc = vload(v + c * D + d0 + j * W);
+                for (int64_t r = 0; r < R; ++r) {
+                    acc[r][j] = vfma(vc, vset1(p[r][c]), acc[r][j]);
+                }
+            }
+        }
+        for (int64_t r = 0; r < R; ++r) {
+            for (int64_t j = 0; j < nv; ++j) {
+                vstore(o[r] + d0 + j * W, acc[r][j]);
+            }
         }
     }
 }
 
-// Fold one block into query row r's running softmax.
-void fold_row(const float * q, int64_t nc, int64_t D, float scale, work_buffers & w, int64_t r) {
-    float * p = w.p.data();
-    const float top = block_scores(q, w.k.data(), D, scale, w.mask.data(), nc, p);
+using accumulate_fn = void (*)(const float * const *, const float *, int64_t, int64_t, float * const *);
+
+template <size_t... R>
+constexpr std::array<accumulate_fn, MAX_ROWS> accumulate_by_rows(std::index_sequence<R...>) {
+    return {accumulate_values_of<(int64_t) R + 1>...};
+}
+
+// ACCUMULATE[rows - 1]: accumulate_values_of for that many rows.
+constexpr auto ACCUMULATE = accumulate_by_rows(std::make_index_sequence<MAX_ROWS>{});
+
+// Row i's running softmax takes the block's scores p (with their largest, top): rescaled to a new
+// maximum, p becomes exp(s - M) in place and l adds its sum. False if the row sees none of it.
+bool update_softmax(float top, float * p, int64_t nc, int64_t D, work_buffers & w, int64_t i) {
     if (top == -INFINITY) {
-        return;  // nothing of this block is visible to the query
+        return false;  // nothing of this block is visible to the query
     }
-    float & m = w.m[r];
-    float & l = w.l[r];
-    float * o = w.o.data() + r * D;
+    float & m = w.m[i];
+    float & l = w.l[i];
+    float * o = w.o.data() + i * D;
     const float m_new = std::max(m, top);
     if (m_new > m) {
         const float shrink = expf(m - m_new);
@@ -304,13 +379,37 @@ void fold_row(const float * q, int64_t nc, int64_t D, float scale, work_buffers 
     }
     m = m_new;
     double sum = 0.0;
-    for (int64_t i = 0; i < vectors_in_use(nc); ++i) {
-        const fvec e = ggml_exp(vsub(vload(p + i * W), vset1(m_new)));
-        vstore(p + i * W, e);
+    for (int64_t v = 0; v < vectors_in_use(nc); ++v) {
+        const fvec e = ggml_exp(vsub(vload(p + v * W), vset1(m_new)));
+        vstore(p + v * W, e);
         sum += (double) vsum_all(e);
     }
     l = (float) ((double) l + sum);
-    accumulate_values(p, w.v.data(), nc, D, o);
+    return true;
+}
+
+// Fold one block into the running softmaxes of n query rows of one token: q[j] is the query of
+// buffer row i0 + j.
+void fold_rows(const float * const * q, int64_t i0, int64_t n, int64_t nc, int64_t D, float scale, work_buffers & w) {
+    const int64_t nv = vectors_in_use(nc), per_call = rows_per_call(nv);
+    for (int64_t j0 = 0; j0 < n; j0 += per_call) {
+        const int64_t R = std::min(per_call, n - j0);
+        float top[MAX_ROWS];
+        SCORES[nv - 1][R - 1](q + j0, w.k.data(), D, scale, w.mask.data(), w.p.data(), top);
+        const float * p[MAX_ROWS];
+        float * o[MAX_ROWS];
+        int64_t k = 0;
+        for (int64_t j = 0; j < R; ++j) {
+            float * pj = w.p.data() + j * BLOCK;
+            if (update_softmax(top[j], pj, nc, D, w, i0 + j0 + j)) {
+                p[k] = pj;
+                o[k++] = w.o.data() + (i0 + j0 + j) * D;
+            }
+        }
+        if (k > 0) {
+            ACCUMULATE[k - 1](p, w.v.data(), nc, D, o);
+        }
+    }
 }
 
 // Query rows [r0, r1) of KV head hkv, block by block. The head's rows are token-major, then the
@@ -324,8 +423,9 @@ void attend(ggml_tensor * dst, int64_t hkv, int64_t r0, int64_t r1, float scale,
     const int64_t t0 = r0 / G, t1 = (r1 - 1) / G + 1;  // the tokens of the rows
     w.k.resize((size_t) (BLOCK * D));
     w.v.resize((size_t) (BLOCK * D));
-    w.p.resize((size_t) BLOCK);
+    w.p.resize((size_t) (MAX_ROWS * BLOCK));
     w.mask.resize((size_t) BLOCK);
+    w.q.resize((size_t) G);
     w.o.assign((size_t) ((r1 - r0) * D), 0.0f);
     w.m.assign((size_t) (r1 - r0), -INFINITY);
     w.l.assign((size_t) (r1 - r0), 0.0f);
@@ -334,11 +434,7 @@ void attend(ggml_tensor * dst, int64_t hkv, int64_t r0, int64_t r1, float scale,
         bool loaded = false;
         for (int64_t t = t0; t < t1; ++t) {
             const ggml_fp16_t * mrow = mask ? (const ggml_fp16_t *) ((const char *) mask->data + t * mask->nb[1]) : nullptr;
-            bool visible = !mrow;
-            for (int64_t c = 0; c < nc && !visible; ++c) {
-                visible = mrow[c0 + c] != F16_NEG_INF;
-            }
-            if (!visible) {
+            if (mrow && !block_visible(mrow + c0, nc)) {
                 continue;  // a block this token sees nothing of changes none of its sums
             }
             if (!loaded) {
@@ -347,10 +443,11 @@ void attend(ggml_tensor * dst, int64_t hkv, int64_t r0, int64_t r1, float scale,
                 loaded = true;
             }
             load_mask(mrow ? mrow + c0 : nullptr, nc, w.mask.data());
-            for (int64_t r = std::max(r0, t * G); r < std::min(r1, (t + 1) * G); ++r) {
-                const float * qv = (const float *) ((const char *) q->data + t * q->nb[2] + (hkv * G + r % G) * q->nb[1]);
-                fold_row(qv, nc, D, scale, w, r - r0);
+            const int64_t ra = std::max(r0, t * G), rb = std::min(r1, (t + 1) * G);
+            for (int64_t r = ra; r < rb; ++r) {
+                w.q[r - ra] = (const float *) ((const char *) q->data + t * q->nb[2] + (hkv * G + r % G) * q->nb[1]);
             }
+            fold_rows(w.q.data(), ra - r0, rb - ra, nc, D, scale, w);
         }
     }
     for (int64_t r = r0; r < r1; ++r) {
