@@ -41,18 +41,20 @@ def one_run(path: str, prompts: list[dict], a) -> tuple[float, float]:
     _, head, fnorm = gt.head_weights(reader, info)
     capture_ids = draft_model.feature_layer_ids(info.n_layer, 4)
     with tempfile.TemporaryDirectory() as d:
-        gen = data.generate(path, d, prompts, max_new=a.max_new, max_prompt=384, sampled_per_prompt=1, t_lo=0.7,
-                            t_hi=1.0, n_seq_max=a.gen_seqs, threads=a.threads, shard_size=len(prompts) * 2)
-        cap = data.capture(path, d, prompts, capture_ids=capture_ids, n_layer=info.n_layer, n_embd=info.n_embd,
-                           head=head, final_norm=fnorm, rms_eps=info.rms_eps, threads=a.threads,
-                           n_batch=a.capture_batch, n_seq_max=16)
+        gen = data.generate(path, d, prompts, max_new=a.max_new, max_prompt=384, sampled_per_prompt=1,
+                            t_lo=0.7, t_hi=1.0, n_seq_max=a.gen_seqs, threads=a.threads,
+                            shard_size=len(prompts) * 2)
+        cap = data.capture(path, d, prompts, capture_ids=capture_ids, n_layer=info.n_layer,
+                           n_embd=info.n_embd, head=head, final_norm=fnorm, rms_eps=info.rms_eps,
+                           threads=a.threads, n_batch=a.capture_batch, n_seq_max=16)
     return float(gen["tokens_per_s"]), float(cap["tokens_per_s"])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--types", nargs="+", default=["orig", "f16", "q8_0"])
-    ap.add_argument("--prompts", type=int, default=96, help="recipe prompts (each answered greedy and sampled)")
+    ap.add_argument("--prompts", type=int, default=96,
+                    help="recipe prompts (each answered greedy and sampled)")
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--gen-seqs", type=int, default=32)
     ap.add_argument("--capture-batch", type=int, default=1024)
@@ -65,8 +67,8 @@ def main() -> None:
 
     torch.set_num_threads(a.threads)
     prompts = [p for p in build_prompts(a.prompts * 2, 1234) if p["split"] != "eval"][:a.prompts]
-    print(f"{len(prompts)} recipe prompts, {a.max_new} new tokens, {a.gen_seqs} sequences per generation batch, "
-          f"capture batches of {a.capture_batch} tokens, {a.threads} threads")
+    print(f"{len(prompts)} recipe prompts, {a.max_new} new tokens, {a.gen_seqs} sequences per generation "
+          f"batch, capture batches of {a.capture_batch} tokens, {a.threads} threads")
     for run in range(a.runs):
         rows = [(t, *one_run(target_path(t), prompts, a)) for t in a.types]
         print(f"\nrun {run + 1} of {a.runs}: tokens/s")
