@@ -2,10 +2,10 @@
 n_seq sequences per batch) and `capture` (the captured layers and the teacher's log-sum-exp), the
 stages of tools/train_draft/train.py as it runs them, for SmolLM2-135M in each weight type.
 
-    python bench/bench_recipe_data.py [--types orig f16 q8_0] [--prompts 96] [--max-new 256]
+    python bench/bench_recipe_data.py [--types Q4_1 f16 q8_0] [--prompts 96] [--max-new 256]
         [--gen-seqs 32] [--threads 2] [--runs 2]
 
-`orig` is the Q4_1 file SmolLM2 ships as (what `--demo` runs). The prompts are the recipe's own
+Q4_1 is the file SmolLM2 ships as (what `--demo` runs). The prompts are the recipe's own
 (built by tools/train_draft/prompts.py, never the held-out sets); every run starts from an empty
 data folder and prints its table.
 """
@@ -21,14 +21,6 @@ sys.path.insert(0, str(ROOT / "tools" / "train_draft"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import print_table, smollm2_file  # noqa: E402
-
-
-def target_path(type_name: str) -> str:
-    if type_name == "orig":
-        from dspark_ggml import models
-
-        return str(models.smollm2_path())
-    return str(smollm2_file(type_name))
 
 
 def one_run(path: str, prompts: list[dict], a) -> tuple[float, float]:
@@ -52,7 +44,7 @@ def one_run(path: str, prompts: list[dict], a) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--types", nargs="+", default=["orig", "f16", "q8_0"])
+    ap.add_argument("--types", nargs="+", default=["Q4_1", "f16", "q8_0"])
     ap.add_argument("--prompts", type=int, default=96,
                     help="recipe prompts (each answered greedy and sampled)")
     ap.add_argument("--max-new", type=int, default=256)
@@ -70,7 +62,7 @@ def main() -> None:
     print(f"{len(prompts)} recipe prompts, {a.max_new} new tokens, {a.gen_seqs} sequences per generation "
           f"batch, capture batches of {a.capture_batch} tokens, {a.threads} threads")
     for run in range(a.runs):
-        rows = [(t, *one_run(target_path(t), prompts, a)) for t in a.types]
+        rows = [(t, *one_run(str(smollm2_file(t)), prompts, a)) for t in a.types]
         print(f"\nrun {run + 1} of {a.runs}: tokens/s")
         print_table(["target", "generate", "capture"], [[t, round(g), round(c)] for t, g, c in rows])
 
