@@ -1,5 +1,5 @@
 """The draft recipe's data stages on this CPU: tokens per second of `generate` (the target's answers,
-n_seq sequences per batch) and `capture` (the captured layers and the teacher's log-sum-exp), the
+n_seq sequences per batch) and `capture` (the captured layers and the teacher's top-k), the
 stages of tools/train_draft/train.py as it runs them, for SmolLM2-135M in each weight type.
 
     python bench/bench_recipe_data.py [--types Q4_1 f16 q8_0] [--prompts 96] [--max-new 256]
@@ -28,16 +28,13 @@ def one_run(path: str, prompts: list[dict], a) -> tuple[float, float]:
     import draft_model
     import gguf_target as gt
 
-    reader = gt.open_reader(path)
-    info = gt.read_target(path, reader)
-    _, head, fnorm = gt.head_weights(reader, info)
+    info = gt.read_target(path)
     capture_ids = draft_model.feature_layer_ids(info.n_layer, 4)
     with tempfile.TemporaryDirectory() as d:
         gen = data.generate(path, d, prompts, max_new=a.max_new, max_prompt=384, sampled_per_prompt=1,
                             t_lo=0.7, t_hi=1.0, n_seq_max=a.gen_seqs, threads=a.threads,
                             shard_size=len(prompts) * 2)
-        cap = data.capture(path, d, prompts, capture_ids=capture_ids, n_layer=info.n_layer,
-                           n_embd=info.n_embd, head=head, final_norm=fnorm, rms_eps=info.rms_eps,
+        cap = data.capture(path, d, prompts, capture_ids=capture_ids, n_embd=info.n_embd,
                            threads=a.threads, n_batch=a.capture_batch, n_seq_max=16)
     return float(gen["tokens_per_s"]), float(cap["tokens_per_s"])
 

@@ -9,8 +9,9 @@ Layout of a data folder (DATA = OUT/data unless --data names another):
     index.npz              the sequences captured: flat tokens, loss mask (1 = answer token),
                            offsets, lengths, split and kind per sequence
     feats.f16              memmap [T, n_feat * E] fp16: residual streams entering the capture ids
-    final.f16              memmap [T, E] fp16: the input of the target's final norm
-    lse.f32                memmap [T] f32: log-sum-exp of the target logits (answer positions)
+    teacher_ids.i32        memmap [T, K] int32: the K most likely next tokens of the target
+    teacher_logp.f32       memmap [T, K] f32: their log-probabilities under the target (the runtime's
+                           own logits, full vocabulary); both zero where no answer token follows
     capture.json           capture progress (sequences done), then capture ids, sizes, tokens/s
 """
 from __future__ import annotations
@@ -194,17 +195,42 @@ def build_index(data_dir: str, prompts: list[dict]) -> dict:
     return idx
 
 
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+TEACHER_TOP_K = 64  # next-token log-probabilities kept per answer position
+TEACHER_ROWS = 64   # logit rows reduced at once (a few MB: stays in cache)
 
 
-def capture(target: str, data_dir: str, prompts: list[dict], *, capture_ids: list[int], n_layer: int,
-            n_embd: int, head: np.ndarray, final_norm: np.ndarray, rms_eps: float, threads: int,
-            n_batch: int, n_seq_max: int) -> dict:
-    """Decode every sequence with our runtime, capturing the residual stream entering
-    capture_ids and the input of the final norm (id n_layer); store them as fp16 memmaps, and the
-    log-sum-exp of the target logits at answer positions (recomputed from the final norm input
-    with the GGUF's final norm and head). Resumable at the sequence where it stopped."""
+def teacher_positions(loss_mask: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """1 where the next token of the same sequence is an answer token (the positions whose
+    target distribution the draft learns), else 0; loss_mask and lengths of consecutive sequences."""
+    nxt = np.zeros(len(loss_mask), np.int8)
+    nxt[:-1] = loss_mask[1:]
+    nxt[np.cumsum(lengths) - 1] = 0  # a sequence's last token has no next token
+    return nxt
+
+
+def top_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest entries of each row as (ids, log-softmax over the whole row)."""
+    ids = np.zeros((len(logits), k), np.int32)
+    logp = np.zeros((len(logits), k), np.float32)
+    buf = np.empty((min(TEACHER_ROWS, len(logits)), logits.shape[1]), np.float32)  # reused: no page faults
+    for r0 in range(0, len(logits), TEACHER_ROWS):
+        n = min(TEACHER_ROWS, len(logits) - r0)
+        np.copyto(buf[:n], logits[r0:r0 + n])
+        x = torch.from_numpy(buf[:n])
+        top, ix = torch.topk(x, k, dim=-1)
+        peak = top[:, :1]
+        lse = peak + x.sub_(peak).exp_().sum(-1, keepdim=True).log_()
+        ids[r0:r0 + n] = ix.numpy()
+        logp[r0:r0 + n] = (top - lse).numpy()
+    return ids, logp
+
+
+def capture(target: str, data_dir: str, prompts: list[dict], *, capture_ids: list[int], n_embd: int,
+            threads: int, n_batch: int, n_seq_max: int, top_k: int = TEACHER_TOP_K) -> dict:
+    """Prefill every sequence with our runtime, many sequences per batch: keep the residual
+    stream entering capture_ids (fp16 memmap) and, where an answer token follows, the target's
+    top_k next-token log-probabilities from the runtime's own logits (the teacher). Resumable at
+    the sequence where it stopped."""
     import dspark_ggml as dg
 
     prog_path = os.path.join(data_dir, "capture.json")
@@ -214,7 +240,7 @@ def capture(target: str, data_dir: str, prompts: list[dict], *, capture_ids: lis
     idx_path = os.path.join(data_dir, "index.npz")
     if prog is None or not os.path.exists(idx_path):
         idx = build_index(data_dir, prompts)
-        prog = {"done_seqs": 0, "capture_ids": list(capture_ids), "n_embd": n_embd,
+        prog = {"done_seqs": 0, "capture_ids": list(capture_ids), "n_embd": n_embd, "teacher_top_k": top_k,
                 "n_tokens": int(len(idx["tokens"])), "n_seqs": int(len(idx["offsets"])),
                 "seconds": 0.0, "finished": False}
         mode = "w+"
@@ -223,23 +249,24 @@ def capture(target: str, data_dir: str, prompts: list[dict], *, capture_ids: lis
         if prog["capture_ids"] != list(capture_ids):
             raise RecipeError(f"{data_dir}: captured ids {prog['capture_ids']} differ from this run's "
                               f"{list(capture_ids)}; use a new --out or the same --features")
+        if prog.get("teacher_top_k") != top_k:
+            raise RecipeError(f"{data_dir}: an earlier capture kept teacher top-{prog.get('teacher_top_k')}, "
+                              f"this one keeps top-{top_k}; use a new --out")
         mode = "r+"
     T, nf = prog["n_tokens"], len(capture_ids)
     feats = np.memmap(os.path.join(data_dir, "feats.f16"), np.float16, mode, shape=(T, nf * n_embd))
-    final = np.memmap(os.path.join(data_dir, "final.f16"), np.float16, mode, shape=(T, n_embd))
-    lse = np.memmap(os.path.join(data_dir, "lse.f32"), np.float32, mode, shape=(T,))
+    t_ids = np.memmap(os.path.join(data_dir, "teacher_ids.i32"), np.int32, mode, shape=(T, top_k))
+    t_logp = np.memmap(os.path.join(data_dir, "teacher_logp.f32"), np.float32, mode, shape=(T, top_k))
     offs, lens = idx["offsets"], idx["lengths"]
+    wanted = teacher_positions(idx["loss_mask"], lens)
     n_batch = max(n_batch, int(lens.max()))
     model = dg.Model(target)
     ctx = dg.Context(model, n_ctx=n_batch + 64, n_batch=n_batch, n_seq_max=n_seq_max, n_threads=threads)
-    ctx.set_capture_layers(list(capture_ids) + [n_layer])
-    head_t = torch.from_numpy(head)
-    norm_t = torch.from_numpy(final_norm)
+    ctx.set_capture_layers(list(capture_ids))
     i = prog["done_seqs"]
     t_start, c_start = time.time(), time.process_time()
     prog.setdefault("cpu_seconds", 0.0)
     n_tok = 0
-    checked = prog.get("logit_check")
     last_log = time.time()
     while i < len(offs):
         j = i
@@ -247,45 +274,21 @@ def capture(target: str, data_dir: str, prompts: list[dict], *, capture_ids: lis
         while j < len(offs) and j - i < n_seq_max and total + lens[j] <= n_batch:
             total += lens[j]
             j += 1
-        toks = np.concatenate([idx["tokens"][offs[s]:offs[s] + lens[s]] for s in range(i, j)])
+        a, b = offs[i], offs[j - 1] + lens[j - 1]
+        toks = idx["tokens"][a:b]
         pos = np.concatenate([np.arange(lens[s]) for s in range(i, j)])
         sid = np.concatenate([np.full(lens[s], s - i) for s in range(i, j)])
-        outputs = None
-        if checked is None:  # once: the runtime's logits vs torch's recomputation from the capture
-            outputs = np.zeros(len(toks), np.int8)
-            ends = np.cumsum([lens[s] for s in range(i, j)]) - 1
-            outputs[ends] = 1
+        outputs = wanted[a:b]
         ctx.decode(toks, positions=pos, seq_ids=sid, outputs=outputs)
-        cap = ctx.get_captured()
-        a, b = offs[i], offs[i] + len(toks)
-        feats[a:b] = cap[:, :nf * n_embd]
-        fin16 = cap[:, nf * n_embd:].astype(np.float16)
-        final[a:b] = fin16
-        m = idx["loss_mask"][a:b].astype(bool)
-        out = np.zeros(len(toks), np.float32)
-        if m.any():
-            with torch.no_grad():
-                h = _rms(torch.from_numpy(fin16[m].astype(np.float32)), norm_t, rms_eps)
-                out[m] = torch.logsumexp(h @ head_t.t(), dim=-1).numpy()
-        lse[a:b] = out
-        if checked is None:
-            rl = ctx.get_logits(copy=True)
-            with torch.no_grad():
-                h = _rms(torch.from_numpy(fin16[ends].astype(np.float32)), norm_t, rms_eps)
-                tl = (h @ head_t.t()).numpy()
-            agree = float((rl.argmax(-1) == tl.argmax(-1)).mean())
-            checked = {"argmax_agreement": agree, "max_abs_logit_err": float(np.abs(rl - tl).max())}
-            log(f"capture: runtime logits vs torch teacher: argmax agreement {agree:.3f}, "
-                f"max |err| {checked['max_abs_logit_err']:.3f}")
-            if agree < 0.9:
-                raise RecipeError("the teacher recomputed from the captured final-norm input does not match "
-                                  f"the runtime's logits (argmax agreement {agree:.2f}): capture is broken")
-            prog["logit_check"] = checked
+        feats[a:b] = ctx.get_captured()
+        rows = a + np.nonzero(outputs)[0]
+        if len(rows):
+            t_ids[rows], t_logp[rows] = top_logprobs(ctx.get_logits(), top_k)
         ctx.kv_clear()
         n_tok += len(toks)
         i = j
         if time.time() - last_log > 60 or i == len(offs):
-            feats.flush(), final.flush(), lse.flush()
+            feats.flush(), t_ids.flush(), t_logp.flush()
             prog["done_seqs"] = int(i)
             prog["seconds"] = round(prog["seconds"] + time.time() - t_start, 1)
             prog["cpu_seconds"] = round(prog["cpu_seconds"] + time.process_time() - c_start, 1)
@@ -297,8 +300,12 @@ def capture(target: str, data_dir: str, prompts: list[dict], *, capture_ids: lis
                 "tok per CPU-second)")
     ctx.close()
     model.close()
-    feats.flush(), final.flush(), lse.flush()
+    feats.flush(), t_ids.flush(), t_logp.flush()
+    rows = np.nonzero(wanted)[0]
+    tail = 1.0 - np.exp(np.asarray(t_logp[rows], np.float64)).sum(-1) if len(rows) else np.zeros(1)
     prog.update(done_seqs=int(len(offs)), finished=True,
+                teacher_tail_mass={"mean": round(float(tail.mean()), 4),
+                                   "p90": round(float(np.quantile(tail, 0.9)), 4)},
                 tokens_per_s=round(T / max(prog["seconds"], 1e-9), 1),
                 tokens_per_cpu_s=round(T / max(prog["cpu_seconds"], 1e-9), 1))
     write_json(prog_path, prog)
@@ -318,8 +325,8 @@ class DataSet:
     split: np.ndarray
     kind: np.ndarray
     feats: np.ndarray
-    final: np.ndarray
-    lse: np.ndarray
+    teacher_ids: np.ndarray
+    teacher_logp: np.ndarray
     capture_ids: list
 
     def seqs(self, split: str) -> np.ndarray:
@@ -328,29 +335,33 @@ class DataSet:
         return np.nonzero(ok)[0]
 
     def batch(self, ids: np.ndarray):
-        """Padded [N, S] tokens / loss mask / features / final hidden / lse (float32 torch)."""
+        """Padded [N, S] tokens / loss mask (numpy), features [N, S, F], teacher ids [N, S, K]
+        (int64) and log-probabilities [N, S, K] (torch)."""
         S = int(self.lengths[ids].max())
         N = len(ids)
-        E = self.final.shape[1]
+        K = self.teacher_ids.shape[1]
         tok = np.zeros((N, S), np.int64)
         lm = np.zeros((N, S), np.uint8)
         fe = np.zeros((N, S, self.feats.shape[1]), np.float32)
-        fi = np.zeros((N, S, E), np.float32)
-        ls = np.zeros((N, S), np.float32)
+        ti = np.zeros((N, S, K), np.int64)
+        tl = np.full((N, S, K), -np.inf, np.float32)
         for r, s in enumerate(ids):
             a, n = int(self.offsets[s]), int(self.lengths[s])
             tok[r, :n] = self.tokens[a:a + n]
             lm[r, :n] = self.loss_mask[a:a + n]
             fe[r, :n] = self.feats[a:a + n]
-            fi[r, :n] = self.final[a:a + n]
-            ls[r, :n] = self.lse[a:a + n]
-        return tok, lm, torch.from_numpy(fe), torch.from_numpy(fi), torch.from_numpy(ls)
+            ti[r, :n] = self.teacher_ids[a:a + n]
+            tl[r, :n] = self.teacher_logp[a:a + n]
+        return tok, lm, torch.from_numpy(fe), torch.from_numpy(ti), torch.from_numpy(tl)
 
 
 def open_dataset(data_dir: str, n_embd: int) -> DataSet:
     """The captured data, or a clear refusal when the folder holds nothing usable."""
-    need = ["index.npz", "capture.json", "feats.f16", "final.f16", "lse.f32"]
+    need = ["index.npz", "capture.json", "feats.f16", "teacher_ids.i32", "teacher_logp.f32"]
     missing = [n for n in need if not os.path.exists(os.path.join(data_dir, n))]
+    if missing and os.path.exists(os.path.join(data_dir, "final.f16")):
+        raise RecipeError(f"data folder {data_dir}: captured by an older recipe (final.f16 and lse.f32, no "
+                          "teacher top-k); delete its capture.json and feats.f16 and run the capture again")
     if missing:
         raise RecipeError(f"data folder {data_dir}: nothing usable (missing {', '.join(missing)}; "
                           "run the generate and capture stages first)")
@@ -362,16 +373,16 @@ def open_dataset(data_dir: str, n_embd: int) -> DataSet:
         raise RecipeError(f"data folder {data_dir}: captured width {prog['n_embd']} is not the target's {n_embd}")
     idx = dict(np.load(os.path.join(data_dir, "index.npz")))
     T = int(len(idx["tokens"]))
-    nf = len(prog["capture_ids"])
-    sizes = {"feats.f16": T * nf * n_embd * 2, "final.f16": T * n_embd * 2, "lse.f32": T * 4}
+    nf, K = len(prog["capture_ids"]), prog["teacher_top_k"]
+    sizes = {"feats.f16": T * nf * n_embd * 2, "teacher_ids.i32": T * K * 4, "teacher_logp.f32": T * K * 4}
     for name, size in sizes.items():
         if os.path.getsize(os.path.join(data_dir, name)) != size:
             raise RecipeError(f"data folder {data_dir}: {name} has {os.path.getsize(os.path.join(data_dir, name))} "
                               f"bytes, expected {size} for {T} tokens")
     ds = DataSet(idx["tokens"], idx["loss_mask"], idx["offsets"], idx["lengths"], idx["split"], idx["kind"],
                  np.memmap(os.path.join(data_dir, "feats.f16"), np.float16, "r", shape=(T, nf * n_embd)),
-                 np.memmap(os.path.join(data_dir, "final.f16"), np.float16, "r", shape=(T, n_embd)),
-                 np.memmap(os.path.join(data_dir, "lse.f32"), np.float32, "r", shape=(T,)),
+                 np.memmap(os.path.join(data_dir, "teacher_ids.i32"), np.int32, "r", shape=(T, K)),
+                 np.memmap(os.path.join(data_dir, "teacher_logp.f32"), np.float32, "r", shape=(T, K)),
                  list(prog["capture_ids"]))
     lm = ds.loss_mask.astype(bool)
     usable = [s for s in ds.seqs("train")

@@ -31,14 +31,14 @@ from gguf_target import RecipeError  # noqa: E402
 STAGES = ("prompts", "generate", "capture", "train", "calibrate", "export", "convert", "evaluate")
 # options a resumed run may change; every other one must be what the interrupted run used
 RESUME_OVERRIDABLE = {"threads", "resume", "overwrite", "stop_after", "eval_prompts", "eval_tokens",
-                      "eval_target", "ckpt_every", "max_draft_mb", "gen_minutes", "train_minutes"}
+                      "eval_target", "ckpt_every", "max_draft_mb", "gen_minutes", "train_minutes", "train_dtype"}
 EVAL_DIR = HERE.parents[2] / "shared" / "data" / "prompts"  # only read to check disjointness
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True, help="target GGUF (llama, qwen3 or qwen2; F16 or Q8_0 "
-                    "recommended: it generates the data and is the teacher)")
+    ap.add_argument("--target", required=True, help="target GGUF (llama, qwen3 or qwen2): it generates "
+                    "the data and is the teacher, so take the file the draft will run with")
     ap.add_argument("--out", required=True, help="output folder (refused if it exists, unless --resume "
                     "or --overwrite)")
     ap.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
@@ -46,7 +46,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--data", help="reuse a finished data folder (another run's OUT/data): skips the "
                     "prompts, generate and capture stages")
     ap.add_argument("--stop-after", choices=STAGES, help="stop after this stage (resume later)")
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads for torch and the runtime")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="CPU threads for torch and the runtime (default: every core)")
     ap.add_argument("--seed", type=int, default=1234)
     g = ap.add_argument_group("data")
     g.add_argument("--prompts", type=int, default=3000, help="training-style prompts built (about 6%% "
@@ -59,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--temp-max", type=float, default=1.0)
     g.add_argument("--gen-minutes", type=float, default=70.0, help="stop generating after this much "
                    "generation time (the prompts are shuffled: a balanced prefix); 0 = no limit")
-    g.add_argument("--gen-seqs", type=int, default=16, help="sequences per generation batch (n_seq_max)")
+    g.add_argument("--gen-seqs", type=int, default=32, help="sequences per generation batch (n_seq_max)")
     g.add_argument("--gen-shard", type=int, default=128, help="requests per generation shard (the resume unit)")
     g.add_argument("--features", type=int, default=4, help="target layers the draft reads")
     g.add_argument("--capture-batch", type=int, default=1024, help="tokens per capture decode")
@@ -76,9 +77,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--max-draft-vocab", type=int, default=8192)
     g = ap.add_argument_group("training")
     g.add_argument("--steps", type=int, default=6000, help="training steps at most")
-    g.add_argument("--train-minutes", type=float, default=55.0, help="fit the number of steps (at most "
-                   "--steps) into this much training time, measured on the first steps; 0 = no limit")
+    g.add_argument("--train-minutes", type=float, default=55.0, help="train for this much time over all "
+                   "sessions (at most --steps steps); the cosine schedule runs on the time spent; 0 = no limit")
     g.add_argument("--batch", type=int, default=8, help="sequences per step")
+    g.add_argument("--train-dtype", choices=("auto", "bf16", "f32"), default="auto",
+                   help="the draft layers' training precision (heads and loss stay f32); auto = bf16 where "
+                   "the CPU has bf16 dot products (AVX-512 BF16 or AMX), else f32")
     g.add_argument("--anchors", type=int, default=32, help="anchors (blocks) per sequence")
     g.add_argument("--lr", type=float, default=2e-3)
     g.add_argument("--warmup", type=int, default=50)
@@ -284,8 +288,7 @@ def run(ap, a) -> int:
             n_seq_max=a.gen_seqs, threads=a.threads, shard_size=a.gen_shard,
             max_minutes=a.gen_minutes or None))
         stage("capture", lambda: capture(
-            a.target, data_dir, prompts, capture_ids=capture_ids, n_layer=info.n_layer, n_embd=info.n_embd,
-            head=head, final_norm=fnorm, rms_eps=info.rms_eps, threads=a.threads,
+            a.target, data_dir, prompts, capture_ids=capture_ids, n_embd=info.n_embd, threads=a.threads,
             n_batch=a.capture_batch, n_seq_max=16))
     ds = open_dataset(data_dir, info.n_embd)
     if ds.capture_ids != capture_ids:
@@ -293,8 +296,8 @@ def run(ap, a) -> int:
                           f"{capture_ids} (--features {a.features})")
 
     # ---- draft -------------------------------------------------------------------------------
-    from training import (choose_vocab, draft_on_split, init_draft, sequential_temperature_scaling,
-                          train)
+    from training import (bf16_is_fast, choose_vocab, draft_on_split, init_draft,
+                          sequential_temperature_scaling, train)
 
     vocab_path = os.path.join(out, "train", "vocab.npy")
     if os.path.exists(vocab_path):
@@ -334,9 +337,10 @@ def run(ap, a) -> int:
     R.save()
     train_dir = os.path.join(out, "train")
     tr = stage("train", lambda: train(
-        draft, ds, fnorm, info.rms_eps, train_dir=train_dir, steps=a.steps, batch=a.batch, anchors=a.anchors,
+        draft, ds, train_dir=train_dir, steps=a.steps, batch=a.batch, anchors=a.anchors,
         lr=a.lr, warmup=a.warmup, wd=a.wd, seed=a.seed + 11, ckpt_every=a.ckpt_every, resume=True,
-        max_minutes=a.train_minutes or None))
+        max_minutes=a.train_minutes or None,
+        bf16_body=a.train_dtype == "bf16" or (a.train_dtype == "auto" and bf16_is_fast())))
     if "history" in tr:  # trained (now or earlier): load the final weights
         st = torch.load(os.path.join(train_dir, "ckpt.pt"), weights_only=False)
         draft.load_state_dict({**draft.state_dict(), **st["model"]}, strict=True)

@@ -7,9 +7,11 @@ w_k = exp(-k/4) x (every label up to k is an answer token):
     L = sum_k w_k (0.1 CE + 0.9 TV(p_draft, p_target) + 1.0 BCE(conf_k, 1 - TV)) / sum_k w_k
 
 over the reduced vocabulary: p_draft is a softmax over the Vd draft tokens; p_target is the
-target's distribution (recomputed from the captured final-norm input and the stored log-sum-exp
-over the full vocabulary), so TV = 1/2 (sum over Vd |p_draft - p_target| + target mass outside
-Vd). CE counts only labels inside Vd. The BCE target is detached.
+target's distribution as the capture kept it: its K most likely tokens with their probabilities
+over the full vocabulary (the runtime's logits), zero elsewhere. So TV = 1/2 (sum over Vd
+|p_draft - p_target| + target mass not on a kept draft token); the mass past the top K counts as
+missed, which bounds the true TV from above by at most that tail (data.py reports its size).
+CE counts only labels inside Vd. The BCE target is detached.
 """
 from __future__ import annotations
 
@@ -26,7 +28,6 @@ from draft_model import DraftConfig, DSparkDraft, attn_mask, count_params
 from gguf_target import RecipeError
 
 W_CE, W_TV, W_CONF, DECAY = 0.1, 0.9, 1.0, 4.0
-SIZE_AFTER = 20  # steps timed before --train-minutes fixes the number of steps
 
 
 # ----------------------------------------------------------------------------------------------
@@ -136,19 +137,38 @@ def build_blocks(tokens, loss_mask, lengths, anchors_list, B: int, mask_id: int)
     return r(ids), r(pos), r(prev), r(lab), r(val), r(anc), A
 
 
-def dspark_loss(draft: DSparkDraft, t2d: torch.Tensor, out_norm: torch.Tensor, eps: float,
-                feats, final_h, lse, blocks, B: int):
+def teacher_probs(t2d: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor, Vd: int) -> torch.Tensor:
+    """Dense target probabilities over the draft vocabulary [..., Vd] from the kept top-K target
+    ids [..., K] and log-probabilities; ids outside the draft vocabulary add nothing."""
+    d = t2d[ids]
+    p = logp.exp() * (d >= 0)
+    return torch.zeros(*ids.shape[:-1], Vd).scatter_add_(-1, d.clamp(min=0), p)
+
+
+def bf16_is_fast() -> bool:
+    """Whether this CPU has bf16 dot products (AVX-512 BF16 or AMX), which torch's oneDNN uses."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def dspark_loss(draft: DSparkDraft, t2d: torch.Tensor, feats, teacher_ids, teacher_logp, blocks, B: int,
+                bf16_body: bool = False):
+    """The loss above. With bf16_body the fusion and the decoder layers run in bf16 (autocast); the
+    heads and the loss stay f32: in bf16 they learned much less per step (20 steps on Zen 4)."""
     ids, pos, prev, lab, val, anc, _ = blocks
     N, S, _ = feats.shape
-    ctx_kv = draft.context_kv(feats, torch.arange(S)[None].expand(N, S))
-    h = draft.backbone(ids, pos, ctx_kv, attn_mask(anc, S, B))
-    logits, conf = draft.heads(h, prev)
-    tpos = pos.clamp(max=S - 1)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_body):
+        ctx_kv = draft.context_kv(feats, torch.arange(S)[None].expand(N, S))
+        h = draft.backbone(ids, pos, ctx_kv, attn_mask(anc, S, B))
+    logits, conf = draft.heads(h.float(), prev)
+    tpos = pos.clamp(max=S - 1)[..., None].expand(-1, -1, teacher_ids.shape[-1])
     with torch.no_grad():
-        th = torch.gather(final_h, 1, tpos[..., None].expand(-1, -1, final_h.shape[-1]))
-        th = th * torch.rsqrt(th.pow(2).mean(-1, keepdim=True) + eps) * out_norm
-        tl = draft.lm_head(th) - torch.gather(lse, 1, tpos)[..., None]
-        pt = tl.exp()
+        pt = teacher_probs(t2d, torch.gather(teacher_ids, 1, tpos), torch.gather(teacher_logp, 1, tpos),
+                           logits.shape[-1])
         out_mass = (1.0 - pt.sum(-1)).clamp(min=0.0)
     logp = torch.log_softmax(logits, dim=-1)
     pd = logp.exp()
@@ -170,11 +190,12 @@ def dspark_loss(draft: DSparkDraft, t2d: torch.Tensor, out_norm: torch.Tensor, e
     return loss, stats
 
 
-def cosine_lr(step: int, total: int, warmup: int, peak: float, floor: float = 0.1) -> float:
+def cosine_lr(step: int, done: float, warmup: int, peak: float, floor: float = 0.1) -> float:
+    """Linear warm-up over the first steps, then a cosine to floor x peak over the share of the
+    training done (0..1)."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    prog = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * prog)))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
 
 
 def make_t2d(vocab_ids: torch.Tensor, V: int) -> torch.Tensor:
@@ -191,20 +212,20 @@ def trainable_state(d: DSparkDraft) -> dict:
     return {k: v.detach().clone() for k, v in d.state_dict().items() if k not in ("embed_tokens.weight",)}
 
 
-def train(draft: DSparkDraft, ds: DataSet, out_norm: np.ndarray, eps: float, *, train_dir: str, steps: int,
+def train(draft: DSparkDraft, ds: DataSet, *, train_dir: str, steps: int,
           batch: int, anchors: int, lr: float, warmup: int, wd: float, seed: int, ckpt_every: int,
-          resume: bool, max_minutes: float | None = None, log_every: int = 10) -> dict:
+          resume: bool, max_minutes: float | None = None, log_every: int = 10, bf16_body: bool = False) -> dict:
     """AdamW (0.9, 0.95), cosine schedule to 10 %, clip 1.0. Checkpoint (model, optimizer, RNG,
     history) every ckpt_every steps to train_dir/ckpt.pt; resume=True continues from it.
 
-    With max_minutes, the number of steps is fixed once, after SIZE_AFTER steps, to what fits in
-    that much training time at the speed measured so far (at most `steps`); the cosine schedule
-    then runs over that many steps. The decision is kept in the checkpoint."""
+    The share of the training done is step / steps, or with max_minutes the training time spent
+    over all sessions / max_minutes when that is larger: the run stops at 1 and the cosine runs on
+    that share, so the whole time budget is used at whatever speed the machine gives, and a slow
+    start (or a loaded machine) does not fix the number of steps."""
     os.makedirs(train_dir, exist_ok=True)
     cfg = draft.c
     B = cfg.block_size
     t2d = make_t2d(draft.vocab_ids, cfg.vocab_size)
-    norm_t = torch.from_numpy(out_norm)
     decay = [p for n, p in draft.named_parameters() if p.requires_grad and p.ndim >= 2]
     no_decay = [p for n, p in draft.named_parameters() if p.requires_grad and p.ndim < 2]
     params = decay + no_decay
@@ -216,7 +237,6 @@ def train(draft: DSparkDraft, ds: DataSet, out_norm: np.ndarray, eps: float, *, 
     seqs = np.array([s for s in seqs if (lm_all[ds.offsets[s]:ds.offsets[s] + ds.lengths[s] - 1]
                                          & lm_all[ds.offsets[s] + 1:ds.offsets[s] + ds.lengths[s]]).any()])
     step, hist, ema, perm, pi, wall, cpu = 0, [], None, None, 0, 0.0, 0.0
-    total = steps if max_minutes is None else None  # None: not sized yet
     ckpt = os.path.join(train_dir, "ckpt.pt")
     if resume and os.path.exists(ckpt):
         st = torch.load(ckpt, weights_only=False)
@@ -225,38 +245,40 @@ def train(draft: DSparkDraft, ds: DataSet, out_norm: np.ndarray, eps: float, *, 
         gen.set_state(st["gen"])
         step, hist, ema, perm, pi, wall = st["step"], st["hist"], st["ema"], st["perm"], st["pi"], st["wall"]
         cpu = st.get("cpu", 0.0)
-        total = st.get("total", total)
         log(f"train: resumed at step {step}/{steps}")
 
     def save():
         tmp = ckpt + ".tmp"
         torch.save({"model": trainable_state(draft), "opt": opt.state_dict(), "gen": gen.get_state(),
-                    "step": step, "hist": hist, "ema": ema, "perm": perm, "pi": pi, "wall": wall, "cpu": cpu, "total": total,
+                    "step": step, "hist": hist, "ema": ema, "perm": perm, "pi": pi, "wall": wall, "cpu": cpu,
                     "config": cfg.to_dict()}, tmp)
         os.replace(tmp, ckpt)
 
     log(f"train: {len(seqs)} sequences, draft {count_params(draft)} params "
-        f"({count_params(draft, True)} trainable), {steps} steps x {batch} seqs x {anchors} anchors")
+        f"({count_params(draft, True)} trainable), {steps} steps x {batch} seqs x {anchors} anchors, "
+        f"layers in {'bf16' if bf16_body else 'f32'}")
     draft.train()
     t0, c0 = time.time(), time.process_time()
-    while step < (total or steps):
-        if total is None and step >= SIZE_AFTER:
-            per = (wall + time.time() - t0) / step
-            total = max(step + 1, min(steps, int(max_minutes * 60 / per)))
-            log(f"train: {per:.2f} s/step so far: {total} steps fit in --train-minutes {max_minutes}")
+
+    def done() -> float:
+        by_steps = step / steps
+        return by_steps if max_minutes is None else max(by_steps, (wall + time.time() - t0) / (max_minutes * 60))
+
+    finished = done() >= 1.0
+    while not finished:
         if perm is None or pi + batch > len(perm):
             perm = torch.randperm(len(seqs), generator=gen).numpy()
             pi = 0
         ids = np.sort(seqs[perm[pi:pi + batch]])
         pi += batch
-        tok, lm, fe, fi, ls = ds.batch(ids)
+        tok, lm, fe, ti, tl = ds.batch(ids)
         lens = ds.lengths[ids]
         anc = [sample_anchors(lm[i, :lens[i]], anchors, gen) for i in range(len(ids))]
         blocks = build_blocks(tok, lm, lens, anc, B, cfg.mask_token_id)
-        cur = cosine_lr(step, total or steps, warmup, lr)
+        cur = cosine_lr(step, done(), warmup, lr)
         for g in opt.param_groups:
             g["lr"] = cur
-        loss, st = dspark_loss(draft, t2d, norm_t, cfg.rms_norm_eps, fe, fi, ls, blocks, B)
+        loss, st = dspark_loss(draft, t2d, fe, ti, tl, blocks, B, bf16_body)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -264,7 +286,8 @@ def train(draft: DSparkDraft, ds: DataSet, out_norm: np.ndarray, eps: float, *, 
         ema = st if ema is None else {k: ([0.9 * a + 0.1 * b for a, b in zip(ema[k], st[k])] if k == "acc_k"
                                           else 0.9 * ema[k] + 0.1 * st[k]) for k in st}
         step += 1
-        if step % log_every == 0 or step == (total or steps):
+        finished = done() >= 1.0
+        if step % log_every == 0 or finished:
             now, cnow = time.time(), time.process_time()
             wall += now - t0
             cpu += cnow - c0
@@ -274,15 +297,14 @@ def train(draft: DSparkDraft, ds: DataSet, out_norm: np.ndarray, eps: float, *, 
             log(f"train step {step}/{steps} loss {ema['loss']:.3f} ce {ema['ce']:.3f} tv {ema['tv']:.3f} "
                 f"bce {ema['bce']:.3f} | top1 by slot {' '.join(f'{a:.2f}' for a in ema['acc_k'])} "
                 f"({wall:.0f}s, {step / max(wall, 1e-9):.2f} steps/s, {cpu / max(step, 1):.2f} CPU-s/step)")
-        if step % ckpt_every == 0 or step == (total or steps):
+        if step % ckpt_every == 0 or finished:
             wall += time.time() - t0
             cpu += time.process_time() - c0
             t0, c0 = time.time(), time.process_time()
             save()
-    total = total or steps
-    return {"steps": total, "steps_requested": steps, "wall_s": round(wall, 1),
-            "steps_per_s": round(total / max(wall, 1e-9), 3),
-            "cpu_s": round(cpu, 1), "cpu_s_per_step": round(cpu / max(total, 1), 3),
+    return {"steps": step, "steps_requested": steps, "layers_dtype": "bf16" if bf16_body else "f32", "wall_s": round(wall, 1),
+            "steps_per_s": round(step / max(wall, 1e-9), 3),
+            "cpu_s": round(cpu, 1), "cpu_s_per_step": round(cpu / max(step, 1), 3),
             "sequences": int(len(seqs)), "history": hist, "final": hist[-1] if hist else None}
 
 
@@ -315,7 +337,7 @@ def draft_on_split(draft: DSparkDraft, ds: DataSet, split: str, anchors: int, ba
     Z, Acc, V = [], [], []
     for i in range(0, len(seqs), batch):
         ids = seqs[i:i + batch]
-        tok, lm, fe, fi, ls = ds.batch(ids)
+        tok, lm, fe, _, _ = ds.batch(ids)
         lens = ds.lengths[ids]
         anc = [sample_anchors(lm[r, :lens[r]], anchors, gen) for r in range(len(ids))]
         if not any(len(a) for a in anc):
