@@ -33,8 +33,9 @@ def recipe_data(tmp_path_factory):
     data.generate(TARGET_PATH, folder, PROMPTS, max_new=20, max_prompt=64, sampled_per_prompt=1, t_lo=0.7,
                   t_hi=1.0, n_seq_max=4, threads=1, shard_size=4)
     # small batches: several sequences share a decode, and the 10 sequences take several decodes
-    prog = data.capture(TARGET_PATH, folder, PROMPTS, capture_ids=CAPTURE_IDS, n_embd=dg.Model(TARGET_PATH).n_embd,
-                        threads=1, n_batch=96, n_seq_max=3, top_k=TOP_K)
+    n_embd = dg.Model(TARGET_PATH).n_embd
+    prog = data.capture(TARGET_PATH, folder, PROMPTS, capture_ids=CAPTURE_IDS, n_embd=n_embd, threads=1,
+                        n_batch=96, n_seq_max=3, top_k=TOP_K)
     model = dg.Model(TARGET_PATH)
     return folder, prog, data.open_dataset(folder, model.n_embd)
 
@@ -67,7 +68,7 @@ def test_capture_keeps_the_targets_top_k_next_token_logprobs(recipe_data):
         ids, logp = ds.teacher_ids[a:a + n], ds.teacher_logp[a:a + n]
         for p in range(n):
             if not follows[p]:
-                assert not ids[p].any() and not logp[p].any(), f"seq {s} pos {p}: a teacher where none is needed"
+                assert not ids[p].any() and not logp[p].any(), f"seq {s} pos {p}: a teacher where none needed"
                 continue
             want = np.argsort(-lp[p], kind="stable")[:TOP_K]
             np.testing.assert_array_equal(np.sort(ids[p]), np.sort(want), err_msg=f"seq {s} pos {p}")
@@ -119,7 +120,8 @@ def test_loss_reads_the_kept_teacher(recipe_data):
     head_dim = E // model.n_head
     vocab_ids = np.unique(ds.tokens)  # the top-k also holds tokens outside it: they count as missed
     cfg = DraftConfig(vocab_size=V, draft_vocab_size=len(vocab_ids), hidden_size=E, intermediate_size=2 * E,
-                      num_hidden_layers=1, num_attention_heads=model.n_head, num_key_value_heads=model.n_head_kv,
+                      num_hidden_layers=1, num_attention_heads=model.n_head,
+                      num_key_value_heads=model.n_head_kv,
                       head_dim=head_dim, rms_norm_eps=1e-6, rope_theta=1e4, capture_ids=CAPTURE_IDS,
                       num_target_layers=model.n_layer, block_size=4, mask_token_id=V - 1, markov_rank=8)
     torch.manual_seed(0)

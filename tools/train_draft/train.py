@@ -31,7 +31,8 @@ from gguf_target import RecipeError  # noqa: E402
 STAGES = ("prompts", "generate", "capture", "train", "calibrate", "export", "convert", "evaluate")
 # options a resumed run may change; every other one must be what the interrupted run used
 RESUME_OVERRIDABLE = {"threads", "resume", "overwrite", "stop_after", "eval_prompts", "eval_tokens",
-                      "eval_target", "ckpt_every", "max_draft_mb", "gen_minutes", "train_minutes", "train_dtype"}
+                      "eval_target", "ckpt_every", "max_draft_mb", "gen_minutes", "train_minutes",
+                      "train_dtype"}
 EVAL_DIR = HERE.parents[2] / "shared" / "data" / "prompts"  # only read to check disjointness
 
 
@@ -77,8 +78,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--max-draft-vocab", type=int, default=8192)
     g = ap.add_argument_group("training")
     g.add_argument("--steps", type=int, default=6000, help="training steps at most")
-    g.add_argument("--train-minutes", type=float, default=55.0, help="train for this much time over all "
-                   "sessions (at most --steps steps); the cosine schedule runs on the time spent; 0 = no limit")
+    g.add_argument("--train-minutes", type=float, default=55.0, help="train for this much time over "
+                   "all sessions (at most --steps steps); the cosine runs on the time spent; 0 = no limit")
     g.add_argument("--batch", type=int, default=8, help="sequences per step")
     g.add_argument("--train-dtype", choices=("auto", "bf16", "f32"), default="auto",
                    help="the draft layers' training precision (heads and loss stay f32); auto = bf16 where "

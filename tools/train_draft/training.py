@@ -214,7 +214,8 @@ def trainable_state(d: DSparkDraft) -> dict:
 
 def train(draft: DSparkDraft, ds: DataSet, *, train_dir: str, steps: int,
           batch: int, anchors: int, lr: float, warmup: int, wd: float, seed: int, ckpt_every: int,
-          resume: bool, max_minutes: float | None = None, log_every: int = 10, bf16_body: bool = False) -> dict:
+          resume: bool, max_minutes: float | None = None, log_every: int = 10,
+          bf16_body: bool = False) -> dict:
     """AdamW (0.9, 0.95), cosine schedule to 10 %, clip 1.0. Checkpoint (model, optimizer, RNG,
     history) every ckpt_every steps to train_dir/ckpt.pt; resume=True continues from it.
 
@@ -262,7 +263,9 @@ def train(draft: DSparkDraft, ds: DataSet, *, train_dir: str, steps: int,
 
     def done() -> float:
         by_steps = step / steps
-        return by_steps if max_minutes is None else max(by_steps, (wall + time.time() - t0) / (max_minutes * 60))
+        if max_minutes is None:
+            return by_steps
+        return max(by_steps, (wall + time.time() - t0) / (max_minutes * 60))
 
     finished = done() >= 1.0
     while not finished:
@@ -302,7 +305,8 @@ def train(draft: DSparkDraft, ds: DataSet, *, train_dir: str, steps: int,
             cpu += time.process_time() - c0
             t0, c0 = time.time(), time.process_time()
             save()
-    return {"steps": step, "steps_requested": steps, "layers_dtype": "bf16" if bf16_body else "f32", "wall_s": round(wall, 1),
+    return {"steps": step, "steps_requested": steps, "layers_dtype": "bf16" if bf16_body else "f32",
+            "wall_s": round(wall, 1),
             "steps_per_s": round(step / max(wall, 1e-9), 3),
             "cpu_s": round(cpu, 1), "cpu_s_per_step": round(cpu / max(step, 1), 3),
             "sequences": int(len(seqs)), "history": hist, "final": hist[-1] if hist else None}
