@@ -29,15 +29,13 @@ TOP_K = 8
 @pytest.fixture(scope="module")
 def recipe_data(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("recipe"))
-    torch.set_num_threads(1)
     data.generate(TARGET_PATH, folder, PROMPTS, max_new=20, max_prompt=64, sampled_per_prompt=1, t_lo=0.7,
                   t_hi=1.0, n_seq_max=4, threads=1, shard_size=4)
     # small batches: several sequences share a decode, and the 10 sequences take several decodes
     n_embd = dg.Model(TARGET_PATH).n_embd
     prog = data.capture(TARGET_PATH, folder, PROMPTS, capture_ids=CAPTURE_IDS, n_embd=n_embd, threads=1,
                         n_batch=96, n_seq_max=3, top_k=TOP_K)
-    model = dg.Model(TARGET_PATH)
-    return folder, prog, data.open_dataset(folder, model.n_embd)
+    return folder, prog, data.open_dataset(folder, n_embd)
 
 
 def alone(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
