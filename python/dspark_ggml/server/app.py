@@ -1,6 +1,7 @@
-"""The HTTP routes (FastAPI): OpenAI's endpoints (under /v1 and at the root, as llama-server)
-plus llama-server's /health (and /v1/health), /props, /apply-template, /tokenize, /detokenize
-and /metrics. No route reads or writes a file: models are chosen at startup only."""
+"""The HTTP routes (FastAPI): OpenAI's endpoints (under /v1 and at the root, as llama-server),
+Anthropic's /v1/messages and /v1/messages/count_tokens, plus llama-server's /health (and
+/v1/health), /props, /apply-template, /tokenize, /detokenize and /metrics. No route reads or
+writes a file: models are chosen at startup only."""
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,9 @@ from .embeddings import encode
 from .errors import ApiError, bad_request, error_body, unavailable
 from .generation import CompletionStream, respond_stream, respond_whole
 from .logprobs import LogprobText
+from .messages_api import MessageObject, MessagesRequest, MessageStream, anthropic_error, parse_messages
 from .llama_info import props, token_pieces
-from .prompts import chat_text, choice_requests, prompt_tokens, tokenize
+from .prompts import chat_text, chat_token_count, choice_requests, prompt_tokens, tokenize
 from .protocol import (GenerationRequest, parse_chat, parse_completion, parse_detokenize, parse_embeddings,
                        parse_responses, parse_tokenize)
 from .responses import Extras, ResponseBuilder
@@ -111,6 +113,26 @@ def _add_generation_routes(app: FastAPI, state: ServerState) -> None:
         req = parse_responses(body, state.config.sampling, state.config.n_slots)
         return await _generate(state, request, req.chat, req.echo)
 
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Any:
+        try:
+            req = parse_messages(await _body(state, request), state.config.sampling, state.config.n_slots)
+            return await _generate(state, request, req.chat, messages=req)
+        except ApiError as e:  # in the shape Anthropic's clients read
+            state.metrics.record_response(e.status)
+            return JSONResponse(anthropic_error(e), status_code=e.status, headers=e.headers)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Any:
+        try:
+            req = parse_messages(await _body(state, request), state.config.sampling, state.config.n_slots,
+                                 counting=True)
+            llm, _ = state.require_ready()
+            return JSONResponse({"input_tokens": await run_in_threadpool(chat_token_count, llm, req.chat)})
+        except ApiError as e:
+            state.metrics.record_response(e.status)
+            return JSONResponse(anthropic_error(e), status_code=e.status, headers=e.headers)
+
     @app.post("/apply-template")
     async def apply_template(request: Request) -> JSONResponse:
         """llama-server's: the chat route's parsing and template, no generation."""
@@ -130,8 +152,9 @@ async def _body(state: ServerState, request: Request) -> Any:
 
 
 async def _generate(state: ServerState, request: Request, req: GenerationRequest,
-                    echo: dict[str, Any] | None = None) -> Response:
-    """Run a parsed generation request; ``echo``: a Responses API request's fields to echo."""
+                    echo: dict[str, Any] | None = None, messages: MessagesRequest | None = None) -> Response:
+    """Run a parsed generation request; ``echo``: a Responses API request's fields to echo;
+    ``messages``: a Messages API request (its answer in Anthropic's shape)."""
     llm, scheduler = state.require_ready()
     state.metrics.record_request(req.endpoint)
     # tokenizing (and rendering a chat template) is pure Python: off the event loop, so that a long
@@ -147,9 +170,12 @@ async def _generate(state: ServerState, request: Request, req: GenerationRequest
     builder = ResponseBuilder(req.endpoint, state.config.model_id, method, n_prompt, state.fingerprint,
                               req.include_usage, req.n, _extras(llm, req, prompts))
     response_obj = ResponseObject(builder, echo) if echo is not None else None
+    message_obj = (MessageObject(builder, messages.stop_sequences, llm.detokenize)
+                   if messages is not None else None)
     response: Response
     if req.stream:
-        fmt = ResponseStream(response_obj) if response_obj is not None else CompletionStream(builder)
+        fmt = (ResponseStream(response_obj) if response_obj is not None else
+               MessageStream(message_obj) if message_obj is not None else CompletionStream(builder))
         response = await respond_stream(submission, fmt, n_choices)
     else:
         choices = await respond_whole(submission, n_choices, request.receive)
@@ -157,6 +183,8 @@ async def _generate(state: ServerState, request: Request, req: GenerationRequest
             response = Response(status_code=CLIENT_CLOSED)
         elif response_obj is not None:
             response = JSONResponse(response_obj.whole(choices[0]))
+        elif message_obj is not None:
+            response = JSONResponse(message_obj.message(choices[0]))
         else:
             response = JSONResponse(builder.completion(choices))
     state.metrics.record_response(response.status_code)

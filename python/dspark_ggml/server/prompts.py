@@ -30,6 +30,14 @@ def prompt_tokens(llm: LLM, req: GenerationRequest) -> list[list[int]]:
             for i, p in enumerate(prompts)]
 
 
+def chat_token_count(llm: LLM, req: GenerationRequest) -> int:
+    """How many tokens a chat request's prompt takes, however many the context holds."""
+    try:
+        return len(_chat_tokens(llm, req))
+    except (DSparkError, ValueError) as e:
+        raise bad_request(str(e), "messages") from e
+
+
 def _chat_tokens(llm: LLM, req: GenerationRequest) -> list[int]:
     messages, tools = _chat_input(llm, req)
     return llm.tokenizer.encode_chat(messages, tools=tools)  # type: ignore[union-attr]
