@@ -231,9 +231,10 @@ def test_props(http, tok, kind):
     assert p["bos_token"] == "" and tok.bos_id is None
     assert p["eos_token"] == tok.token_to_piece(tok.eos_id).decode()
     assert p["build_info"].startswith(f"dspark-ggml {__version__}, ggml ")
-    assert (p["endpoint_slots"], p["endpoint_props"], p["endpoint_metrics"]) == (False, False, True)
+    assert (p["endpoint_slots"], p["endpoint_props"], p["endpoint_metrics"]) == (True, False, True)
     assert http[kind].get("/metrics").status_code == 200  # endpoint_metrics is true
-    assert http[kind].get("/slots").status_code == 404  # endpoint_slots is false
+    assert http[kind].get("/slots").status_code == 200  # endpoint_slots is true (--no-slots: 501)
+    assert http[kind].post("/props", json={}).status_code == 405  # endpoint_props is false
     assert p["is_sleeping"] is False and p["ui"] is False
 
 

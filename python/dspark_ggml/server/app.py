@@ -279,6 +279,32 @@ def _add_info_routes(app: FastAPI, state: ServerState) -> None:
             return JSONResponse({"tokens": token_pieces(llm.tokenizer, tokens)})
         return JSONResponse({"tokens": tokens})
 
+    @app.get("/slots")
+    async def slots_route(request: Request) -> JSONResponse:
+        """llama-server's: each slot's job (running, or the last it ran); ``?fail_on_no_slot=1``
+        answers 503 when every slot is busy."""
+        if not state.config.endpoint_slots:
+            raise ApiError(501, "this server does not serve /slots: it was started with --no-slots",
+                           type="not_supported_error")
+        llm, scheduler = state.require_ready()
+        try:
+            slots = await asyncio.wrap_future(scheduler.call(scheduler.slots))
+        except QueueFullError as e:
+            raise unavailable(str(e)) from None
+        if request.query_params.get("fail_on_no_slot") and all(s["is_processing"] for s in slots):
+            raise unavailable("no slot available")
+
+        def with_prompts() -> list[dict[str, Any]]:
+            for s in slots:
+                s["n_ctx"] = llm.n_ctx  # the cells are shared: a slot may use all of them
+                s.setdefault("speculative", llm.method != "none")
+                tokens = s.pop("prompt_tokens", None)
+                if tokens is not None:
+                    s["prompt"] = llm.detokenize(tokens) if llm.tokenizer is not None else ""
+            return slots
+
+        return JSONResponse(await run_in_threadpool(with_prompts))
+
     @app.get("/props")
     async def props_route() -> JSONResponse:
         llm, _ = state.require_ready()

@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no prompt cache: a request's KV cells are freed when it finishes and every request "
                         "prefills its whole prompt (default: cached; a new request reuses the longest "
                         "prefix of its prompt a finished one left, least recently used cells reclaimed first)")
+    g.add_argument("--slots", dest="endpoint_slots", action=argparse.BooleanOptionalAction, default=True,
+                   help="GET /slots: what each slot runs or last ran, its prompt and text included "
+                        "(default: on, as llama-server; --no-slots turns it off)")
     g.add_argument("-a", "--alias", metavar="NAME",
                    help="model name in /v1/models (default: the target's file name)")
     g.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout, metavar="SECONDS",
@@ -68,7 +71,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         max_body_bytes=args.max_body_bytes, model_id=name, sampling=sampling_from_args(args),
                         shutdown_timeout=args.shutdown_timeout,
                         cors_origins=[o.strip() for o in args.cors_origins.split(",") if o.strip()],
-                        embeddings_n_ctx=args.embeddings_n_ctx, cache_prompt=args.cache_prompt)
+                        embeddings_n_ctx=args.embeddings_n_ctx, cache_prompt=args.cache_prompt,
+                        endpoint_slots=args.endpoint_slots)
 
 
 def run(args: argparse.Namespace) -> int:

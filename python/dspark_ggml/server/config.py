@@ -34,6 +34,8 @@ class ServerConfig:
         cache_prompt: the prompt cache: a finished request's KV cells stay with its slot and a new
             request reuses the longest prefix of its prompt found there (its ``cache_prompt`` field
             can decline); False (``--no-cache-prompt``): every request prefills its whole prompt.
+        endpoint_slots: GET /slots (llama-server's, on by default as there): what each slot runs or
+            last ran, prompts and generated text included; ``--no-slots`` turns it off.
     """
 
     host: str = "127.0.0.1"
@@ -48,6 +50,7 @@ class ServerConfig:
     cors_origins: list[str] = field(default_factory=list)
     embeddings_n_ctx: int = DEFAULT_EMBEDDINGS_CTX
     cache_prompt: bool = True
+    endpoint_slots: bool = True
 
     def validate(self) -> None:
         if not 1 <= self.n_slots <= 256:

@@ -1,8 +1,9 @@
-"""llama-server's informational answers: GET /props and the pieces of POST /tokenize.
+"""llama-server's informational answers: GET /props, the pieces of POST /tokenize, and the
+request parameters GET /slots shows.
 
 /props gives the fields of llama-server's that hold here, with the values this server runs with.
 Samplers we do not have are not listed (a client would take them for settings it could change);
-features we lack are reported off: no vision or audio input, no /slots, no POST /props, no web UI.
+features we lack are reported off: no vision or audio input, no POST /props, no web UI.
 """
 from __future__ import annotations
 
@@ -41,12 +42,12 @@ def props(state: ServerState, llm: LLM) -> dict[str, Any]:
     c = state.config
     ggml = system_info().split(";")[0]  # "ggml <version> (<commit>)"
     return {
-        "default_generation_settings": {"n_ctx": llm.n_ctx, "params": _params(c.sampling)},
+        "default_generation_settings": {"n_ctx": llm.n_ctx, "params": generation_params(c.sampling)},
         "total_slots": c.n_slots,
         "model_alias": c.model_id,
         "model_path": llm.model.path,
         "modalities": {"vision": False, "video": False, "audio": False},
-        "endpoint_slots": False,  # no /slots
+        "endpoint_slots": c.endpoint_slots,
         "endpoint_props": False,  # no POST /props
         "endpoint_metrics": True,  # /metrics is always served
         "ui": False,
@@ -58,8 +59,9 @@ def props(state: ServerState, llm: LLM) -> dict[str, Any]:
     }
 
 
-def _params(s: SamplingParams) -> dict[str, Any]:
-    """The request defaults (--temp, -n, ...) under llama-server's names; "none" is its -1."""
+def generation_params(s: SamplingParams) -> dict[str, Any]:
+    """Sampling parameters (the request defaults, or a request's) under llama-server's names;
+    "none" is its -1."""
     n_predict = s.max_tokens if s.max_tokens is not None else -1
     return {"seed": s.seed if s.seed is not None else RANDOM_SEED, "temperature": s.temperature,
             "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p, "repeat_last_n": s.penalty_last_n,

@@ -14,6 +14,7 @@ the device is never shared between two threads.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import deque
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..decode_loop import LiveSequence, Request, RunningSequences
 from ..errors import AbortedError, ConstraintError, ContextFullError, DeviceLostError, DSparkError
+from .llama_info import generation_params
 from .prompt_cache import PromptCache
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ class Job:
     speculative: SpecOverride | None
     deliver: Callable[[object], None]
     cache_prompt: bool = True  # may reuse cached cells of its prompt (the request's cache_prompt)
+    task_id: int = -1  # numbered at submission: /slots shows it (llama-server's id_task)
     cancelled: bool = False
     finished: bool = False
 
@@ -65,6 +68,8 @@ class _Slot:
     job: Job
     seq: LiveSequence
     running: RunningSequences = field(repr=False)  # of the engine the job runs in
+    n_cached: int = 0  # prompt tokens the prompt cache served
+    generated: list[str] = field(default_factory=list)  # the text handed out so far
 
     @property
     def seq_id(self) -> int:
@@ -99,6 +104,8 @@ class Scheduler:
         self._waiting: deque[Job] = deque()
         self._admitted = 0  # jobs submitted and not yet finished (waiting or running)
         self._slots: dict[int, _Slot] = {}
+        self._last: dict[int, dict[str, Any]] = {}  # seq id -> what /slots shows of its last job
+        self._task_ids = itertools.count()
         self._running: dict[int, RunningSequences] = {}  # id(engine) -> its sequences, while it has some
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._stopping = False
@@ -117,6 +124,8 @@ class Scheduler:
                 raise QueueFullError("the server is shutting down")
             if self._admitted + len(jobs) > self._capacity:
                 raise QueueFullError(f"all {self.n_slots} slots are busy and the queue is full")
+            for job in jobs:
+                job.task_id = next(self._task_ids)
             self._waiting.extend(jobs)
             self._admitted += len(jobs)
             self._cv.notify()
@@ -161,6 +170,16 @@ class Scheduler:
     @property
     def cached_slots(self) -> int:
         return self._cache.idle_slots
+
+    def slots(self) -> list[dict[str, Any]]:
+        """What each slot (engine sequence) runs, or last ran, as /slots shows it: run through
+        :meth:`call`, on the loop thread, between two steps."""
+        out = []
+        for seq_id in range(self.n_slots):
+            slot = self._slots.get(seq_id)
+            info = _slot_info(slot, processing=True) if slot is not None else self._last.get(seq_id, {})
+            out.append({"id": seq_id, "is_processing": slot is not None, **info})
+        return out
 
     # ---- the loop (engine thread) -----------------------------------------------------------------
 
@@ -219,7 +238,7 @@ class Scheduler:
                 engine = self._pool.acquire(job.speculative)
                 try:
                     running = self._running.get(id(engine)) or RunningSequences(engine, self._tokenizer)
-                    seq, chunk = self._start(job, running)
+                    seq, chunk, n_cached = self._start(job, running)
                 except BaseException:
                     self._pool.release(engine)  # the sequence never ran: the engine is not held
                     raise
@@ -235,11 +254,12 @@ class Scheduler:
                 self._fail(job, e)
                 continue
             self._running[id(engine)] = running
-            slot = self._slots[seq.seq_id] = _Slot(job, seq, running)
+            slot = self._slots[seq.seq_id] = _Slot(job, seq, running, n_cached)
             self._emit(slot, chunk)
 
-    def _start(self, job: Job, running: RunningSequences) -> tuple[LiveSequence, GenerationChunk]:
-        """Prefill a job in the slot the prompt cache chooses; its first chunk. When the cells run
+    def _start(self, job: Job, running: RunningSequences) -> tuple[LiveSequence, GenerationChunk, int]:
+        """Prefill a job in the slot the prompt cache chooses; its first chunk and the prompt
+        tokens the cache served. When the cells run
         out, idle slots give theirs up (least recently used first) before ContextFullError."""
         r = job.request
         reuse = self._cache.enabled and job.cache_prompt
@@ -255,7 +275,7 @@ class Scheduler:
                     raise
                 continue
             self._cache.take(seq_id)
-            return started
+            return (*started, n_cached)
 
     def _step_all(self) -> None:
         """One step of every engine that has sequences (several only with per-request overrides)."""
@@ -302,6 +322,7 @@ class Scheduler:
     # ---- helpers ----------------------------------------------------------------------------------
 
     def _emit(self, slot: _Slot, chunk: GenerationChunk) -> None:
+        slot.generated.append(chunk.text or "")
         if chunk.finish_reason is not None:
             self._finish(slot, chunk)
         else:
@@ -322,6 +343,7 @@ class Scheduler:
             if keep:
                 self._cache.park(slot.seq_id)
         finally:
+            self._last[slot.seq_id] = _slot_info(slot, processing=False)
             del self._slots[slot.seq_id]
             self._forget_if_idle(slot.running)
             self._pool.release(slot.engine)
@@ -370,3 +392,18 @@ class Scheduler:
     def _free_slots(self) -> set[int]:
         return set(range(self.n_slots)) - set(self._slots)
 
+
+def _slot_info(slot: _Slot, processing: bool) -> dict[str, Any]:
+    """A slot's job under llama-server's /slots names (its prompt as tokens: the route detokenizes)."""
+    r = slot.job.request
+    s = r.sampling
+    n_decoded = slot.seq.n_tokens
+    text = "".join(slot.generated)
+    return {"id_task": slot.job.task_id, "speculative": slot.engine.n_draft > 0,
+            "n_prompt_tokens": len(r.prompt), "n_prompt_tokens_processed": len(r.prompt) - slot.n_cached,
+            "n_prompt_tokens_cache": slot.n_cached,
+            "params": {**generation_params(s), "stop": list(r.stop_texts)},
+            "next_token": [{"has_next_token": processing, "has_new_line": "\n" in text,
+                            "n_remain": s.max_tokens - n_decoded if s.max_tokens is not None else -1,
+                            "n_decoded": n_decoded}],
+            "prompt_tokens": list(r.prompt), "generated": text}
