@@ -16,7 +16,12 @@ torch = pytest.importorskip("torch")
 import dspark_ggml as dg  # noqa: E402
 from tiny_pair import TARGET_PATH  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "train_draft"))
+RECIPE = Path(__file__).resolve().parents[1] / "tools" / "train_draft"
+sys.path.insert(0, str(RECIPE))
+for _name in ("data", "training", "draft_model", "gguf_target"):  # tests/data is a namespace package
+    _module = sys.modules.get(_name)
+    if _module is not None and Path(getattr(_module, "__file__", None) or "/").parent != RECIPE:
+        del sys.modules[_name]
 import data  # noqa: E402
 import training  # noqa: E402
 
