@@ -11,10 +11,9 @@ from ..errors import ConstraintError, ContextFullError, InvalidArgumentError
 from .engines import TooManySettingsError
 from .errors import ApiError, bad_request, error_body, unavailable
 from .logprobs import chunk_logprobs
-from .responses import Choice, ResponseBuilder
+from .responses import Choice, ResponseBuilder, text_before_calls, text_held_back
 from .scheduler import Failure
 from .sse import DONE, EventStreamResponse, event, unless_disconnected
-from .tools import streamable
 
 if TYPE_CHECKING:
     from ..results import GenerationChunk
@@ -114,7 +113,7 @@ class CompletionStream:
         text = b.echo_text(choice.index) + chunk.text if first and not b.chat else chunk.text
         logprobs = self._logprobs(chunk, choice, text)
         if b.extras.tools is not None:
-            text = self._text_before_calls(choice)
+            text = text_before_calls(choice)
         if text or logprobs is not None:
             out.append(event(b.chunk(choice.index, text, logprobs=logprobs)))
         if chunk.finish_reason is not None:
@@ -130,15 +129,6 @@ class CompletionStream:
             return None
         return b.chat_logprobs(entries) if b.chat else b.completion_chunk_logprobs(choice, entries, offset)
 
-    @staticmethod
-    def _text_before_calls(choice: Choice) -> str:
-        """With tools: the answer's new text up to where a tool call starts (or may start); the
-        rest is held back, the calls parsed from the whole answer at its end."""
-        full = "".join(choice.text)
-        end = max(streamable(full), choice.n_streamed)
-        text, choice.n_streamed = full[choice.n_streamed:end], end
-        return text
-
     def _last(self, choice: Choice) -> list[bytes]:
         """The finish chunk; with tools, first the text held back, then the tool calls."""
         b = self.builder
@@ -146,10 +136,7 @@ class CompletionStream:
         calls = None
         if b.extras.tools is not None:
             calls = b.tool_calls(choice)
-            full = calls.outside if calls is not None else "".join(choice.text)
-            content = full[choice.n_streamed:]
-            if calls is not None:
-                content = content.rstrip()
+            content = text_held_back(choice, calls)
             if content:
                 out.append(event(b.chunk(choice.index, content)))
         out.append(event(b.finish_chunk(choice, tool_calls=calls.calls if calls is not None else None)))

@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import ApiError, bad_request
 from .protocol import Fields, parse_chat
-from .responses import Choice, speculative_stats
+from .responses import Choice, speculative_stats, text_before_calls, text_held_back
 from .timings import timings
-from .tools import streamable
 
 if TYPE_CHECKING:
     from ..results import GenerationChunk
@@ -326,19 +325,14 @@ class MessageStream:
     def on_chunk(self, chunk: GenerationChunk, choice: Choice, first: bool) -> list[bytes]:
         if not self._tools:
             return self._delta(chunk.text)
-        # with tools: the text up to where a call starts (or may start); the rest waits for the end
-        full = "".join(choice.text)
-        end = max(streamable(full), choice.n_streamed)
-        text, choice.n_streamed = full[choice.n_streamed:end], end
+        text = text_before_calls(choice)
         return self._delta(text)
 
     def closing(self, choices: list[Choice]) -> list[bytes]:
         o, choice = self.obj, choices[0]
         out = []
-        if self._tools:  # the text held back, less the calls
-            parsed = o.b.tool_calls(choice)
-            held = (parsed.outside if parsed is not None else "".join(choice.text))[choice.n_streamed:]
-            out += self._delta(held.rstrip() if parsed is not None else held)
+        if self._tools:
+            out += self._delta(text_held_back(choice, o.b.tool_calls(choice)))
         calls = o.calls(choice)
         if not self._text_open and not calls:  # an empty answer still has its (empty) text block
             out += self._open_text()

@@ -19,7 +19,7 @@ from typing import Any
 from ..engine import SpecStats
 from .logprobs import LogprobText, NoLogprob, chat_entries, completion_logprobs
 from .timings import timings
-from .tools import ParsedCalls, ToolChoice, parse_calls
+from .tools import ParsedCalls, ToolChoice, parse_calls, streamable
 
 # our finish reasons -> OpenAI's ("context_full" is a length limit to an OpenAI client)
 FINISH = {"stop": "stop", "length": "length", "context_full": "length"}
@@ -39,6 +39,21 @@ class Choice:
     prompt_logprobs: list[Any] | None = None
     n_chars: int = 0  # characters of text sent so far (a stream's text_offset)
     n_streamed: int = 0  # with tools: characters of the answer streamed as content so far
+
+
+def text_before_calls(choice: Choice) -> str:
+    """With tools, as a stream goes: the answer's new text up to where a tool call starts (or may
+    start); the rest is held back until the answer ends and its calls are parsed."""
+    full = "".join(choice.text)
+    end = max(streamable(full), choice.n_streamed)
+    text, choice.n_streamed = full[choice.n_streamed:end], end
+    return text
+
+
+def text_held_back(choice: Choice, calls: ParsedCalls | None) -> str:
+    """With tools, at the answer's end: the text held back, less the calls parsed from it."""
+    held = (calls.outside if calls is not None else "".join(choice.text))[choice.n_streamed:]
+    return held.rstrip() if calls is not None else held
 
 
 @dataclass

@@ -21,8 +21,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from .logprobs import chat_entries, chunk_logprobs
-from .responses import Choice, speculative_stats
-from .tools import streamable
+from .responses import Choice, speculative_stats, text_before_calls, text_held_back
 
 if TYPE_CHECKING:
     from ..results import GenerationChunk
@@ -142,10 +141,7 @@ class ResponseStream:
     def on_chunk(self, chunk: GenerationChunk, choice: Choice, first: bool) -> list[bytes]:
         if not self._tools:
             return self._delta(chunk.text, self.obj.chunk_logprobs(chunk_logprobs(chunk)))
-        # with tools: the text up to where a call starts (or may start); the rest waits for the end
-        full = "".join(choice.text)
-        end = max(streamable(full), choice.n_streamed)
-        text, choice.n_streamed = full[choice.n_streamed:end], end
+        text = text_before_calls(choice)
         return self._delta(text, [])
 
     def closing(self, choices: list[Choice]) -> list[bytes]:
@@ -155,10 +151,8 @@ class ResponseStream:
         calls = o.calls(choice)
         text = o.text(choice)
         out = []
-        if self._tools:  # the text held back, less the calls
-            parsed = o.b.tool_calls(choice)
-            held = (parsed.outside if parsed is not None else "".join(choice.text))[choice.n_streamed:]
-            out += self._delta(held.rstrip() if parsed is not None else held, [])
+        if self._tools:
+            out += self._delta(text_held_back(choice, o.b.tool_calls(choice)), [])
         if self._message_open or not calls:
             if not self._message_open:
                 out += self._open_message()
