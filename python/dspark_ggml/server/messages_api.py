@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import ApiError, bad_request
-from .protocol import Fields, parse_chat
+from .protocol import Fields, parse_translated_chat, refuse_fields
 from .responses import Choice, speculative_stats, text_before_calls, text_held_back
 from .timings import timings
 
@@ -64,9 +64,7 @@ def parse_messages(body: Any, defaults: SamplingParams, n_slots: int, *,
                    counting: bool = False) -> MessagesRequest:
     """A Messages request as a chat completion; ``counting``: for count_tokens (no max_tokens)."""
     f = Fields(body)
-    for name, unused in _UNSUPPORTED.items():
-        if name in f.body and not any(f.body[name] == u and type(f.body[name]) is type(u) for u in unused):
-            raise bad_request(f"'{name}' is not supported by this server", name)
+    refuse_fields(f, _UNSUPPORTED)
     metadata = f.body.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         raise bad_request("'metadata' must be an object", "metadata")
@@ -91,16 +89,7 @@ def parse_messages(body: Any, defaults: SamplingParams, n_slots: int, *,
         chat_body["tool_choice"] = _tool_choice(choice)
         if isinstance(choice, dict) and choice.get("disable_parallel_tool_use"):
             chat_body["parallel_tool_calls"] = False
-    try:
-        chat = parse_chat(chat_body, defaults, n_slots)
-    except ApiError as e:
-        param = e.param or ""
-        for ours, theirs in _PARAMS.items():
-            if param.startswith(ours):
-                e.param = theirs + param[len(ours):]
-                e.message = e.message.replace(f"'{ours}", f"'{theirs}")
-                break
-        raise
+    chat = parse_translated_chat(chat_body, defaults, n_slots, _PARAMS)
     chat.endpoint = "messages"
     chat.include_usage = False
     return MessagesRequest(chat, list(stops or []))

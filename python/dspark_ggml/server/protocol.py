@@ -200,9 +200,7 @@ def parse_responses(body: Any, defaults: SamplingParams, n_slots: int) -> Respon
     ``top_logprobs`` / ``include: ["message.output_text.logprobs"]``, the sampling fields; run as a
     chat completion (as llama-server does)."""
     f = Fields(body)
-    for name, unused in _RESPONSES_UNSUPPORTED.items():
-        if name in f.body and not any(f.body[name] == u and type(f.body[name]) is type(u) for u in unused):
-            raise bad_request(f"'{name}' is not supported by this server", name)
+    refuse_fields(f, _RESPONSES_UNSUPPORTED)
     metadata = f.body.get("metadata")
     if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= 16 and
                                      all(isinstance(v, str) for v in metadata.values())):
@@ -224,16 +222,7 @@ def parse_responses(body: Any, defaults: SamplingParams, n_slots: int) -> Respon
     top = _response_logprobs(f)
     if top is not None:
         chat_body["logprobs"], chat_body["top_logprobs"] = True, top
-    try:
-        chat = parse_chat(chat_body, defaults, n_slots)
-    except ApiError as e:
-        param = e.param or ""
-        for ours, theirs in _RESPONSES_PARAMS.items():
-            if param.startswith(ours):
-                e.param = theirs + param[len(ours):]
-                e.message = e.message.replace(f"'{ours}", f"'{theirs}")
-                break
-        raise
+    chat = parse_translated_chat(chat_body, defaults, n_slots, _RESPONSES_PARAMS)
     chat.endpoint = "responses"
     chat.include_usage = False
     fmt = (f.body.get("text") or {}).get("format") or {"type": "text"}
@@ -243,6 +232,30 @@ def parse_responses(body: Any, defaults: SamplingParams, n_slots: int) -> Respon
             "tools": f.body.get("tools") or [], "tool_choice": f.body.get("tool_choice") or "auto",
             "parallel_tool_calls": f.body.get("parallel_tool_calls", True), "top_logprobs": top or 0}
     return ResponsesRequest(chat, echo)
+
+
+def refuse_fields(f: Fields, unsupported: dict[str, tuple[Any, ...]]) -> None:
+    """400 for a field this server does not implement, unless it holds one of the values that
+    ask for nothing (``unsupported``: name -> those values)."""
+    for name, unused in unsupported.items():
+        if name in f.body and not any(f.body[name] == u and type(f.body[name]) is type(u) for u in unused):
+            raise bad_request(f"'{name}' is not supported by this server", name)
+
+
+def parse_translated_chat(chat_body: dict[str, Any], defaults: SamplingParams, n_slots: int,
+                          names: dict[str, str]) -> GenerationRequest:
+    """parse_chat on a body translated from another API; its errors name that API's fields
+    (``names``: chat's -> theirs, the first that prefixes the faulty parameter applies)."""
+    try:
+        return parse_chat(chat_body, defaults, n_slots)
+    except ApiError as e:
+        param = e.param or ""
+        for ours, theirs in names.items():
+            if param.startswith(ours):
+                e.param = theirs + param[len(ours):]
+                e.message = e.message.replace(f"'{ours}", f"'{theirs}")
+                break
+        raise
 
 
 def _text_format(f: Fields) -> dict[str, Any] | None:
