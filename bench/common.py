@@ -223,12 +223,12 @@ def spec_cells(r: BenchRow) -> list[object]:
 def machine_line() -> str:
     """The CPU a run is on and what our kernels use there (the machines are not all the same CPU)."""
     from dspark_ggml.quant import cpu_isa
+    from dspark_ggml.system import cpu_flags
 
-    name, flags = platform.processor() or platform.machine(), set()
+    name, flags = platform.processor() or platform.machine(), cpu_flags()
     try:
         info = Path("/proc/cpuinfo").read_text()
         name = re.search(r"^model name\s*:\s*(.*)$", info, re.M).group(1).strip()
-        flags = set(re.search(r"^flags\s*:\s*(.*)$", info, re.M).group(1).split())
         family, model = (re.search(rf"^{key}\s*:\s*(\d+)$", info, re.M) for key in ("cpu family", "model"))
         if family and model:  # Intel's generations share one model name under KVM
             name += f" (family {family.group(1)} model {model.group(1)})"

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,3 +230,16 @@ def test_amx_tiles_give_the_vnni_pass_bits(type_name: str, tmp_path):
             ref = q8_0_columns(x[:n_cols]) @ wd.T  # and both right
             scale = np.abs(q8_0_columns(x[:n_cols])) @ np.abs(wd).T
             assert np.all(np.abs(y - ref) <= 1e-6 * scale + 1e-30)
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="the OS reports no CPU flags here (not Linux)")
+def test_cpu_flags_hold_what_the_kernels_use():
+    """system.cpu_flags (the OS's report, which the recipe reads for bf16 training) against the
+    runtime's own CPUID dispatch: the ISA our kernels picked is among the flags."""
+    from dspark_ggml.system import cpu_flags
+
+    flags = cpu_flags()
+    needs = {"scalar": set(), "avx2": {"avx2"}, "avx512_vnni": {"avx512f", "avx512_vnni"},
+             "amx_int8": {"avx512_vnni", "amx_int8"}}[cpu_isa()]
+    assert needs <= flags, f"the kernels use {cpu_isa()}, the OS reports {sorted(flags & needs)}"
+    assert all(isinstance(f, str) and f and " " not in f for f in flags)

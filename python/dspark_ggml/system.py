@@ -1,7 +1,9 @@
-"""The linked ggml build and its devices."""
+"""The linked ggml build, its devices, and the CPU's feature flags."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import _lib
 
@@ -39,3 +41,14 @@ def system_info() -> str:
 
 def library_version() -> str:
     return _lib.to_str(_lib.lib().dspark_version()) or ""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as the OS reports them ("avx512_bf16", "amx_int8", ...; Linux's
+    /proc/cpuinfo). Empty where it does not say. What the OS reports, not what our kernels use
+    (``quant.cpu_isa``): AMX tiles, for one, also need the OS to grant them."""
+    try:
+        match = re.search(r"^flags\s*:\s*(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        return set()
+    return set(match.group(1).split()) if match else set()

@@ -147,12 +147,9 @@ def teacher_probs(t2d: torch.Tensor, ids: torch.Tensor, logp: torch.Tensor, Vd: 
 
 def bf16_is_fast() -> bool:
     """Whether this CPU has bf16 dot products (AVX-512 BF16 or AMX), which torch's oneDNN uses."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+    from dspark_ggml.system import cpu_flags
+
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 def dspark_loss(draft: DSparkDraft, t2d: torch.Tensor, feats, teacher_ids, teacher_logp, blocks, B: int,

@@ -232,10 +232,6 @@ class MessageObject:
         self.detokenize = detokenize
         self._calls: list[dict[str, Any]] | None = None
 
-    def text(self, choice: Choice) -> str:
-        parsed = self.b.tool_calls(choice)
-        return parsed.content if parsed is not None else "".join(choice.text)
-
     def calls(self, choice: Choice) -> list[dict[str, Any]]:
         """The answer's tool_use blocks (parsed once: their ids stay the same)."""
         if self._calls is None:
@@ -269,7 +265,7 @@ class MessageObject:
         content: list[dict[str, Any]] = []
         reason = sequence = None
         if choice is not None:
-            text = self.text(choice)
+            text = self.b.answer_text(choice)
             content = ([{"type": "text", "text": text}] if text or not self.calls(choice) else []) + \
                 self.calls(choice)
             reason, sequence = self.stop(choice)

@@ -115,6 +115,11 @@ class ResponseBuilder:
         parsed = parse_calls("".join(c.text), self.extras.tools)
         return parsed if parsed.calls else None
 
+    def answer_text(self, c: Choice) -> str:
+        """A chat choice's text: around its tool calls when it made some."""
+        parsed = self.tool_calls(c)
+        return parsed.content if parsed is not None else "".join(c.text)
+
     def chat_logprobs(self, entries: list[Any]) -> dict[str, Any] | None:
         if not self.extras.logprobs:
             return None

@@ -48,7 +48,7 @@ class ResponseObject:
         spec = speculative_stats(self.b.method, [])
         if choice is not None:
             item_status = "completed" if status == "completed" else "incomplete"
-            text = self.text(choice)
+            text = self.b.answer_text(choice)
             calls = self.calls(choice)
             output = ([self.message(text, self.logprobs(choice), item_status)] if text or not calls else []) + calls
             if status == "incomplete":
@@ -63,11 +63,6 @@ class ResponseObject:
                 "error": None, "incomplete_details": incomplete, "model": self.b.model, "output": output,
                 "reasoning": None, "previous_response_id": None, "usage": usage, "speculative": spec,
                 **self.echo}
-
-    def text(self, choice: Choice) -> str:
-        """The answer's text: around the tool calls when it made some."""
-        parsed = self.b.tool_calls(choice)
-        return parsed.content if parsed is not None else "".join(choice.text)
 
     def calls(self, choice: Choice) -> list[dict[str, Any]]:
         """The function_call items of the answer (parsed once: their ids stay the same)."""
@@ -149,7 +144,7 @@ class ResponseStream:
         status = o.status_of(choice)
         item_status = "completed" if status == "completed" else "incomplete"
         calls = o.calls(choice)
-        text = o.text(choice)
+        text = o.b.answer_text(choice)
         out = []
         if self._tools:
             out += self._delta(text_held_back(choice, o.b.tool_calls(choice)), [])
