@@ -7,6 +7,8 @@ Runs (each a row: our tokens/s, llama.cpp's, ratio; medians over the prompts):
   demo-spec     the demo pair, speculative (n_max 8): our LLM vs llama-speculative-simple --spec-type draft-dspark
   f16 / q8_0 / q4_0
                 a random Qwen3 with Qwen3-0.6B's shape alone (64 tokens)
+  gemma3 / gemma3-f16 / gemma3-q8_0
+                Gemma-3-270M alone: the shipped Q4_K_M file (dspark_ggml.models), or our requantization
 Greedy, HumanEval prompts (../shared/data/prompts), the same text given to both programs. Decode
 speed counts the tokens after the first (both programs report it so). llama.cpp's programs come
 from bench/llama_cpp_build.py (or --llama-bin DIR).
@@ -22,8 +24,15 @@ import llama_cpp_build
 
 import dspark_ggml as dg
 from dspark_ggml import demo
+from dspark_ggml.models import gemma3_270m_path, requantized
 
-RUNS = ["demo-target", "demo-spec", "f16", "q8_0", "q4_0"]
+
+def gemma3_file(type_name: str) -> Path:
+    """Gemma-3-270M as shipped (Q4_K_M; type_name "") or requantized by our quantize."""
+    shipped = gemma3_270m_path()
+    return requantized(shipped, type_name) if type_name else shipped
+
+RUNS = ["demo-target", "demo-spec", "f16", "q8_0", "q4_0", "gemma3", "gemma3-f16", "gemma3-q8_0"]
 
 
 def main() -> int:
@@ -40,7 +49,9 @@ def main() -> int:
 
     rows = []
     for run in args.runs:
-        if run.startswith("demo"):
+        if run.startswith("gemma3"):
+            target, draft, n = gemma3_file(run.partition("-")[2]), None, args.max_tokens
+        elif run.startswith("demo"):
             target, draft, n = Path(demo.target_path()), Path(demo.DRAFT_PATH) if run == "demo-spec" else None, args.max_tokens
         else:
             target, draft, n = qwen3_0_6b(run), None, 64

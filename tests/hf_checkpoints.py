@@ -689,6 +689,30 @@ def make_gemma4_target(out_dir: Path | str, variant: str = "dense", *, seed: int
     return out
 
 
+def make_gemma3_target(out_dir: Path | str, *, seed: int = 80, dtype: str = "float32",
+                       **overrides: Any) -> Path:
+    """Gemma3ForCausalLM (`gemma3_text`): 7 layers, the sixth global and the rest sliding (window 8,
+    as transformers' period 6 lays them out), head size 32 with 2 KV heads, rope bases 1e6 / 1e4,
+    norms away from Gemma's zero init (the converter adds the 1); Gemma's tokenizer shape."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    out = _prepare(out_dir)
+    ids = write_gemma4_tokenizer(out)
+    fields = dict(vocab_size=ids["n_tokens"], hidden_size=64, intermediate_size=128, num_hidden_layers=7,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32,
+                  sliding_window=8, max_position_embeddings=512, rms_norm_eps=1e-6,
+                  bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"], pad_token_id=ids["<pad>"],
+                  tie_word_embeddings=True)
+    model = Gemma3ForCausalLM(Gemma3TextConfig(**{**fields, **overrides}))
+    _fill_seeded(model, seed, dtype)
+    with torch.no_grad():  # Gemma-3 norms scale by 1 + w: the seeded 1 + 0.2·noise becomes 0.2·noise
+        for name, t in model.state_dict(keep_vars=True).items():
+            if name.endswith("norm.weight"):
+                t.sub_(1.0)
+    model.save_pretrained(str(out))
+    return out
+
+
 def _tiny_gemma4_vision_config() -> dict:
     return {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
             "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4,

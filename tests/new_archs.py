@@ -1,4 +1,4 @@
-"""The Gemma-4 and Qwen3-MoE test targets: tiny transformers checkpoints (tests/hf_checkpoints.py)
+"""The Gemma-3, Gemma-4 and Qwen3-MoE test targets: tiny transformers checkpoints (tests/hf_checkpoints.py)
 converted to f32 GGUFs by our converter, built once per test session and shared by the test files."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import hf_checkpoints as hf
 from dspark_ggml.convert import convert
 
 BUILDERS = {
+    "gemma3": lambda d: hf.make_gemma3_target(d),
     "gemma4-dense": lambda d: hf.make_gemma4_target(d, "dense", dtype="float32"),
     "gemma4-ple": lambda d: hf.make_gemma4_target(d, "ple", dtype="float32"),
     "gemma4-moe": lambda d: hf.make_gemma4_target(d, "moe", dtype="float32"),
@@ -16,7 +17,8 @@ BUILDERS = {
 }
 CASES = sorted(BUILDERS)
 GEMMA = [c for c in CASES if c.startswith("gemma4")]
-WINDOW = 8  # the Gemma-4 fixtures' sliding window
+SLIDING = [c for c in CASES if c.startswith("gemma")]  # Gemma-3 and -4: sliding-window layers
+WINDOW = 8  # the Gemma fixtures' sliding window
 
 
 def converted(root: Path, case: str) -> tuple[Path, Path]:

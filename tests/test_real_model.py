@@ -118,19 +118,20 @@ def test_packed_block_weights_give_the_plain_layouts_logits(requantized, type_na
         assert np.array_equal(logits[key].view(np.uint32), plain.view(np.uint32)), f"{type_name} packed {key}"
 
 
-def _planted_draft(paths: list[list[int]], out: Path) -> Path:
-    """A DSpark draft for SmolLM2 (1 layer, block 16, reduced vocabulary, zero head) whose Markov
-    head holds the target's own greedy bigrams along `paths` (as the issue's draft did on half of
-    the chat prompts): its chains follow the target there and drift elsewhere, so verify blocks of
-    many lengths occur."""
-    rank = 256
+def _planted_draft(paths: list[list[int]], out: Path, shape: TargetConfig = SMOLLM2_SHAPE,
+                   target_layers: tuple[int, ...] = (1, 15, 29), rank: int = 256) -> Path:
+    """A DSpark draft for a target of `shape` (1 layer, block 16, reduced vocabulary, zero head) whose
+    Markov head holds the target's own greedy bigrams along `paths` (as the issue's draft did on half
+    of the chat prompts): its chains follow the target there and drift elsewhere, so verify blocks
+    of many lengths occur."""
     tokens = sorted({t for path in paths for t in path})
     vd = max(rank, len(tokens))
     src = out.with_suffix(".src.gguf")
-    cfg = DraftConfig(n_layer=1, n_head=9, n_head_kv=3, head_dim=64, n_ff=256, block_size=16, markov_rank=rank,
-                      target_layers=[1, 15, 29], draft_vocab=vd, own_head=True, dtype="q8_0", mask_token_id=0)
-    write_draft(src, cfg, SMOLLM2_SHAPE, seed=1, return_weights=False)
-    rest = [t for t in range(SMOLLM2_SHAPE.n_vocab) if t not in set(tokens)][: vd - len(tokens)]
+    cfg = DraftConfig(n_layer=1, n_head=shape.n_head, n_head_kv=shape.n_head_kv, head_dim=shape.head_dim,
+                      n_ff=256, block_size=16, markov_rank=rank, target_layers=list(target_layers), draft_vocab=vd,
+                      own_head=True, dtype="q8_0", mask_token_id=0)
+    write_draft(src, cfg, shape, seed=1, return_weights=False)
+    rest = [t for t in range(shape.n_vocab) if t not in set(tokens)][: vd - len(tokens)]
     d2t = np.array(tokens + rest, dtype=np.int64)
     draft_id = {int(t): i for i, t in enumerate(d2t)}
     pairs: dict[int, int] = {}
@@ -138,13 +139,13 @@ def _planted_draft(paths: list[list[int]], out: Path) -> Path:
         for a, b in zip(path, path[1:]):
             pairs.setdefault(a, b)
     pairs = dict(list(pairs.items())[:rank])
-    w1 = np.zeros((SMOLLM2_SHAPE.n_vocab, rank), np.float32)
+    w1 = np.zeros((shape.n_vocab, rank), np.float32)
     w2 = np.zeros((vd, rank), np.float32)
     for r, (a, b) in enumerate(pairs.items()):
         w1[a, r] = 1.0
         w2[draft_id[b], r] = 30.0
     rewrite_gguf(src, out, tensors={"markov_w1.weight": w1, "markov_w2.weight": w2, "d2t": d2t,
-                                    "output.weight": np.zeros((vd, SMOLLM2_SHAPE.n_embd), np.float32)})
+                                    "output.weight": np.zeros((vd, shape.n_embd), np.float32)})
     src.unlink()
     return out
 

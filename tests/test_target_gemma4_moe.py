@@ -1,9 +1,9 @@
 """Gemma-4 (dense, per-layer embeddings, mixture of experts, the text part of the multimodal
-model) and Qwen3-MoE targets against Hugging Face transformers.
+model), Gemma-3 and Qwen3-MoE targets against Hugging Face transformers.
 
 The checkpoints are tiny random models made with transformers (tests/hf_checkpoints.py), converted
 by our converter (whose output test_convert_interop.py checks against llama.cpp's), and run by the
-runtime. Sequences are longer than the Gemma-4 sliding window (8), so the window mask, the shared
+runtime. Sequences are longer than the Gemma sliding window (8), so the window mask, the shared
 KV layers and rollback across the window edge are all exercised.
 
 ggml's CPU GELU reads a float16 table (its input rounded to float16, the result stored as float16),
@@ -30,7 +30,7 @@ from tests.tiny_models import greedy_decode  # noqa: E402
 
 torch.set_grad_enabled(False)
 
-from new_archs import CASES, GEMMA, WINDOW, converted  # noqa: E402
+from new_archs import CASES, GEMMA, SLIDING, WINDOW, converted  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_batch_of_sequences_equals_single_runs(models, case):
         start += len(p)
 
 
-@pytest.mark.parametrize("case", GEMMA)
+@pytest.mark.parametrize("case", SLIDING)
 def test_rollback_across_the_window_edge_is_exact(models, case):
     """Decode past the window, drop the last tokens (as a rejected draft is dropped), decode others:
     the logits equal those of a fresh context that only ever saw the kept and the new tokens."""

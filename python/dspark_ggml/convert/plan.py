@@ -67,6 +67,23 @@ class HeadPermutedTensor:
 
 
 @dataclass(frozen=True)
+class ShiftedTensor:
+    """A stored tensor plus a constant, added in float32: Gemma-2/3 norms, whose RMSNorm multiplies
+    by 1 + weight, are written as llama.cpp's converter writes them, with the 1 added."""
+
+    ref: TensorRef
+    shift: float
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.ref.shape
+
+    def blocks(self, max_bytes: int) -> Iterator[np.ndarray]:
+        for rows in iter_row_blocks(self.ref, max_bytes):
+            yield rows.astype(np.float32) + np.float32(self.shift)
+
+
+@dataclass(frozen=True)
 class ArrayTensor:
     """A small tensor computed by the converter (rope factors, absolute d2t ids)."""
 

@@ -12,10 +12,10 @@ from typing import Optional
 
 from ..errors import ConversionError
 from ..hf_config import Config
-from . import gemma4, llama, qwen2, qwen3, qwen3moe
+from . import gemma3, gemma4, llama, qwen2, qwen3, qwen3moe
 from .base import DraftLayers, TargetArch
 
-_MODULES = (qwen3, qwen2, llama, qwen3moe, gemma4)
+_MODULES = (qwen3, qwen2, llama, qwen3moe, gemma3, gemma4)
 
 # Hugging Face `architectures` entry -> the architecture that converts it
 TARGETS: dict[str, TargetArch] = {name: m.ARCH for m in _MODULES for name in m.ARCH.hf_architectures}

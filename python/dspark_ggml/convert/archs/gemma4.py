@@ -455,14 +455,14 @@ _MULTIMODAL = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.
                "model.embed_audio.")
 
 
-def text_config(cfg: Config) -> Config:
+def text_config(cfg: Config, conditional: str = CONDITIONAL) -> Config:
     """The text hyperparameters: the config itself, or the conditional model's text_config
-    read over its top-level fields."""
-    if cfg.architecture() != CONDITIONAL:
+    read over its top-level fields (Gemma-3's conditional model keeps them the same way)."""
+    if cfg.architecture() != conditional:
         return cfg
     text = cfg.sub("text_config")
     if text is None:
-        raise ConversionError(f"{cfg.where}: {CONDITIONAL} config without text_config")
+        raise ConversionError(f"{cfg.where}: {conditional} config without text_config")
     return Config({**cfg.data, **text.data}, text.where)
 
 
@@ -473,9 +473,10 @@ def _hf_key(name: str, prefix: str) -> str | None:
     return name[len(prefix):] if name.startswith(prefix) else None
 
 
-def _check_tied_head(ckpt: Checkpoint, g: Gemma4Text, prefix: str, where: str) -> None:
+def check_tied_head(ckpt: Checkpoint, tied: bool, prefix: str, where: str) -> None:
+    """A tied model that still stores an lm_head must store the embedding there."""
     head = ckpt.get("lm_head.weight")
-    if g.tie_word_embeddings and head is not None and not tensors_equal(
+    if tied and head is not None and not tensors_equal(
             head, ckpt[prefix + "embed_tokens.weight"]):
         raise ConversionError(f"{where}: tie_word_embeddings is true but lm_head.weight differs "
                               "from the embedding; fix tie_word_embeddings in the config")
@@ -518,7 +519,7 @@ def plan_gemma4_target(ckpt: Checkpoint, cfg: Config, out: OutType) -> tuple[Mod
     if missing:
         raise ConversionError(f"{text.where}: the checkpoint lacks {len(missing)} tensor(s) the "
                               f"config implies, e.g. {missing[:3]}")
-    _check_tied_head(ckpt, g, prefix, text.where)
+    check_tied_head(ckpt, g.tie_word_embeddings, prefix, text.where)
     if left_out:
         plan.notes.append(f"{left_out} vision/audio tensor(s) left out (text model only)")
     return plan, g
