@@ -31,6 +31,9 @@ from tests.tiny_models import TargetConfig
 GEMMA3_SHAPE = TargetConfig(arch="llama", n_vocab=262144, n_embd=640, n_layer=18, n_head=4, n_head_kv=1,
                             head_dim=256, n_ff=2048, tied_embeddings=True, with_tokenizer=False)
 WINDOW = 512
+# the shipped mixture (Q5_0, Q4_K, Q6_K, Q8_0) and plain types made from it by our quantize (the
+# K-quants fall back where a 640-wide row does not split into 256-blocks)
+TYPES = ["Q4_K_M", "q8_0", "q4_K", "q6_K", "bf16", "f16"]
 
 # llama-perplexity, 2 threads, GPL-3 at -c 1024 -b 1024, 2 chunks: the base from our F16 requantization
 # of the file with an f32 KV cache, then the shipped Q4_K_M file against it.
@@ -108,10 +111,15 @@ def _long_prompt(tok: Tokenizer, n: int, start: int = 0) -> list[int]:
     return ids[:n]
 
 
-def test_rows_across_the_window_edge_alone_and_batched(gemma3: Path):
+def _typed(gemma3: Path, type_name: str) -> Path:
+    return gemma3 if type_name == "Q4_K_M" else requantized_model(gemma3, type_name)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_rows_across_the_window_edge_alone_and_batched(gemma3: Path, type_name: str):
     """A 17-row block that straddles the window's edge (positions 500..516): each row's logits bit
     for bit those of one decode step, alone and with another sequence's rows in the batch."""
-    model = Model(gemma3)
+    model = Model(_typed(gemma3, type_name))
     tok = Tokenizer.from_gguf(gemma3)
     prompt, other = _long_prompt(tok, 500), _long_prompt(tok, 40, start=9000)
     block = _long_prompt(tok, 17, start=20000)
@@ -135,16 +143,18 @@ def test_rows_across_the_window_edge_alone_and_batched(gemma3: Path):
     model.close()
 
 
-def test_greedy_speculation_is_lossless_across_the_window_edge(gemma3: Path, tmp_path: Path):
+@pytest.mark.parametrize("type_name", TYPES)
+def test_greedy_speculation_is_lossless_across_the_window_edge(gemma3: Path, tmp_path: Path, type_name: str):
     """Prompts that end just before the window's edge: verify blocks straddle it, rejected drafts
     roll back across it; speculative greedy output is target-only's, alone and batched."""
-    plain = LLM(gemma3, n_ctx=1024, n_threads=2)
+    target = _typed(gemma3, type_name)
+    plain = LLM(target, n_ctx=1024, n_threads=2)
     prompts = [_long_prompt(plain.tokenizer, n, start=s) for n, s in ((495, 0), (505, 12000))]
     want = [plain.generate(p, max_tokens=32).tokens for p in prompts]
     plain.close()
     draft = _planted_draft([p[-1:] + w for p, w in zip(prompts[:1], want[:1])], tmp_path / "planted.gguf",
                            shape=GEMMA3_SHAPE, target_layers=(1, 9, 17), rank=64)
-    spec = LLM(gemma3, draft_model_path=draft, n_ctx=2048, n_seq_max=2, n_threads=2,
+    spec = LLM(target, draft_model_path=draft, n_ctx=2048, n_seq_max=2, n_threads=2,
                speculative={"schedule": "static"})
     alone = [spec.generate(p, max_tokens=32) for p in prompts]
     batched = spec.generate_batch(prompts, max_tokens=32)

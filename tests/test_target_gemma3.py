@@ -84,3 +84,12 @@ def test_converter_refuses_a_query_scale_llama_cpp_would_not_use(tmp_path):
     src = hf.make_gemma3_target(tmp_path / "hf", query_pre_attn_scalar=256)
     with pytest.raises(ConversionError, match="query_pre_attn_scalar"):
         convert(src, tmp_path / "out.gguf", outtype="f32", progress=False)
+
+
+@pytest.mark.parametrize("type_kv, nbytes", [("f16", 2), ("f32", 4)])
+def test_kv_bytes_are_every_layers_k_and_v(tiny, type_kv, nbytes):
+    """What the `loaded` line reports: 7 layers, K and V of 2 heads of 32 per cell."""
+    _, path = tiny
+    ctx = Context(Model(path), n_ctx=256, type_kv=type_kv)
+    assert ctx.kv.n_cells == 256
+    assert ctx.kv.nbytes == 7 * 2 * (2 * 32) * 256 * nbytes

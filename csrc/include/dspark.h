@@ -347,6 +347,9 @@ DSPARK_API void       dspark_kv_clear(struct dspark_kv * kv);
 DSPARK_API dspark_pos dspark_kv_seq_pos_max(const struct dspark_kv * kv, dspark_seq_id seq_id); /* -1: empty */
 DSPARK_API dspark_pos dspark_kv_seq_pos_min(const struct dspark_kv * kv, dspark_seq_id seq_id); /* -1: empty */
 DSPARK_API int32_t    dspark_kv_n_used(const struct dspark_kv * kv);
+DSPARK_API int32_t    dspark_kv_n_cells(const struct dspark_kv * kv);
+/* Bytes of K and V the cache holds, over every layer (memory allocated, whatever is used). */
+DSPARK_API uint64_t   dspark_kv_nbytes(const struct dspark_kv * kv);
 
 /* ---- drafts (DFlash / DSpark, GGUF arch "dflash") ---------------------------------------------- */
 

@@ -129,6 +129,14 @@ void dspark_kv_cache::release(const std::vector<int32_t> & slots) {
     shrink_extent();
 }
 
+size_t dspark_kv_cache::nbytes() const {
+    size_t n = 0;
+    for (size_t il = 0; il < k.size(); ++il) {
+        n += (k[il] ? ggml_nbytes(k[il]) : 0) + (v[il] ? ggml_nbytes(v[il]) : 0);
+    }
+    return n;
+}
+
 uint32_t dspark_kv_cache::n_kv() const {
     const uint32_t pad = 32;
     const uint32_t n = ((extent + pad - 1) / pad) * pad;

@@ -109,6 +109,7 @@ struct dspark_kv_cache {
     // than when the sequence is recomputed. True when k starts a block.
     bool seq_can_keep(int32_t seq, int32_t k) const;
     uint32_t n_used() const { return used; }
+    size_t   nbytes() const;  // K and V of every layer
 
   private:
     std::vector<ggml_context *>        ctxs;

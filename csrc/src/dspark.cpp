@@ -627,6 +627,14 @@ int32_t dspark_kv_n_used(const struct dspark_kv * kv) {
     return kv ? (int32_t) as_cache(kv)->n_used() : 0;
 }
 
+int32_t dspark_kv_n_cells(const struct dspark_kv * kv) {
+    return kv ? (int32_t) as_cache(kv)->n_cells : 0;
+}
+
+uint64_t dspark_kv_nbytes(const struct dspark_kv * kv) {
+    return kv ? (uint64_t) as_cache(kv)->nbytes() : 0;
+}
+
 // ---- drafts ---------------------------------------------------------------------------------------
 
 struct dspark_model * dspark_draft_load_from_file(const char * path, const struct dspark_model * target,

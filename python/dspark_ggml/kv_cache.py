@@ -47,6 +47,16 @@ class KVCache:
         """Cells in use (shared cells count once)."""
         return int(_lib.lib().dspark_kv_n_used(self._handle))
 
+    @property
+    def n_cells(self) -> int:
+        """Cells the cache holds (a cell: one position's K and V in every layer)."""
+        return int(_lib.lib().dspark_kv_n_cells(self._handle))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of K and V allocated over every layer."""
+        return int(_lib.lib().dspark_kv_nbytes(self._handle))
+
     def _check(self, seq_id: int) -> None:
         if not 0 <= seq_id < self.n_seq_max:
             raise InvalidArgumentError(f"sequence id {seq_id} out of range (0 .. {self.n_seq_max - 1})")

@@ -232,7 +232,9 @@ def build_llm(args: argparse.Namespace, **extra: Any) -> LLM:
         draft_text = (f" + {os.path.basename(draft)} on {'+'.join(llm.draft_model.devices)} "
                       f"({llm.method}, {llm.n_draft} draft tokens/step)")
     seconds = time.perf_counter() - t0
-    print(f"loaded {os.path.basename(target)} on {'+'.join(llm.model.devices)}{draft_text} in {seconds:.2f} s",
+    kv = llm.context.kv
+    print(f"loaded {os.path.basename(target)} on {'+'.join(llm.model.devices)}{draft_text} in {seconds:.2f} s; "
+          f"KV cache {kv.n_cells} cells, {kv.nbytes / 2**20:.1f} MiB ({llm.context.params.type_kv})",
           file=sys.stderr)
     return llm
 
