@@ -114,3 +114,8 @@ class PromptCache:
     def idle_slots(self) -> int:
         """Slots whose cells stay for a later request."""
         return len(self._idle)
+
+    def cells_used(self) -> list[int]:
+        """Cells in use in each cache (the target's first): running sequences' and idle slots', then
+        what the idle slots hold of the target's (a cell two slots share counts for each)."""
+        return [c.n_used for c in self._caches] + [sum(self._held(slot) for slot in self._idle)]

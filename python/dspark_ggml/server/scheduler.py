@@ -110,6 +110,8 @@ class Scheduler:
         self._calls: deque[tuple[Callable[[], Any], Future]] = deque()
         self._stopping = False
         self.device_lost: str | None = None  # why the models' device stopped answering, once it did
+        # after the last step: cells in use per cache, then those the idle slots hold (PromptCache.cells_used)
+        self.kv_cells_used: list[int] = self._cache.cells_used()
         self._thread = threading.Thread(target=self._run, name="dspark-engine-loop", daemon=True)
 
     # ---- the HTTP side (any thread) ---------------------------------------------------------------
@@ -205,6 +207,7 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 (a bug here must not leave every client waiting)
                 log.exception("engine loop error: failing the requests in flight")
                 self._fail_all(arrivals, e)
+            self.kv_cells_used = self._cache.cells_used()  # read here, on the thread that writes the caches
 
     @staticmethod
     def _run_calls(calls: list[tuple[Callable[[], Any], Future]]) -> None:

@@ -111,6 +111,13 @@ class ServerState:
                 "slots_cached": ("idle slots whose KV cells stay for the prompt cache",
                                  lambda: s.cached_slots if s else 0),
                 "slots": ("slots: sequences decoded at once (-np)", lambda: self.config.n_slots),
+                "kv_cells_used": ("target KV cells in use: running sequences' and the prompt cache's",
+                                  lambda: s.kv_cells_used[0] if s else 0),
+                "draft_kv_cells_used": ("draft KV cells in use (0 without a draft)",
+                                        lambda: s.kv_cells_used[1] if s and len(s.kv_cells_used) > 2 else 0),
+                "prompt_cache_cells": ("target KV cells the idle slots hold for the prompt cache (shared ones "
+                                       "counted per slot): at idle, kv_cells_used is at most this",
+                                       lambda: s.kv_cells_used[-1] if s else 0),
                 "ready": ("1 once the model is loaded", lambda: 1 if self.ready else 0)}
 
 
