@@ -76,12 +76,7 @@ static void load_layer_kinds(target_model & m, const dspark_gguf & f) {
 
 static void load_hparams(target_model & m, gemma3_model & g3, const dspark_gguf & f) {
     target_hparams & hp = m.hp;
-    const std::string a = m.arch->name;
-    hp.embd_scale = sqrtf((float) hp.n_embd);
-    hp.logit_softcap = (float) f.get_float(a + ".final_logit_softcapping", 0.0);
-    if (!std::isfinite(hp.logit_softcap) || hp.logit_softcap < 0.0f) {
-        f.fail(DSPARK_STATUS_BAD_FORMAT, "final_logit_softcapping must be finite and non-negative");
-    }
+    dspark_target_load_gemma_scales(m, f);
     // The query scale is 1/sqrt(head size), except in the 27B model (62 layers), which scales by
     // 1/sqrt(E / heads); the GGUF carries no key for it, so llama.cpp decides by the layer count too.
     const bool is_27b = hp.n_layer == 62;

@@ -186,11 +186,7 @@ static void load_per_layer_embd(target_model & m, dspark_weights & w, int il) {
 static void load_hparams(target_model & m, gemma4_model & g4, const dspark_gguf & f) {
     target_hparams & hp = m.hp;
     const std::string a = m.arch->name;
-    hp.embd_scale = sqrtf((float) hp.n_embd);
-    hp.logit_softcap = (float) f.get_float(a + ".final_logit_softcapping", 0.0);
-    if (!std::isfinite(hp.logit_softcap) || hp.logit_softcap < 0.0f) {
-        f.fail(DSPARK_STATUS_BAD_FORMAT, "final_logit_softcapping must be finite and non-negative");
-    }
+    dspark_target_load_gemma_scales(m, f);
     g4.n_embd_per_layer = (int) f.get_int(a + ".embedding_length_per_layer_input", 0);
     if (g4.n_embd_per_layer < 0 || g4.n_embd_per_layer > (1 << 16)) {
         f.fail(DSPARK_STATUS_BAD_FORMAT, "embedding_length_per_layer_input is out of range");

@@ -2,6 +2,8 @@
 
 #include "dspark-impl.h"
 
+#include <cmath>
+
 bool target_model::has_swa() const {
     for (const target_layer & l : layers) {
         if (l.swa) {
@@ -124,6 +126,15 @@ void dspark_target_load_shared_expert(target_model & m, dspark_weights & w, int 
     l.ffn_up_shexp   = w.req(name("ffn_up_shexp.weight"), {E, Fs});
     l.ffn_down_shexp = w.req(name("ffn_down_shexp.weight"), {Fs, E});
     l.ffn_gate_inp_shexp = w.opt(name("ffn_gate_inp_shexp.weight"), {E});
+}
+
+void dspark_target_load_gemma_scales(target_model & m, const dspark_gguf & f) {
+    target_hparams & hp = m.hp;
+    hp.embd_scale = sqrtf((float) hp.n_embd);
+    hp.logit_softcap = (float) f.get_float(std::string(m.arch->name) + ".final_logit_softcapping", 0.0);
+    if (!std::isfinite(hp.logit_softcap) || hp.logit_softcap < 0.0f) {
+        f.fail(DSPARK_STATUS_BAD_FORMAT, "final_logit_softcapping must be finite and non-negative");
+    }
 }
 
 void target_model::load(dspark_weights & w) {

@@ -105,6 +105,9 @@ void dspark_target_load_expert_counts(target_model & m, const dspark_gguf & f);
 void dspark_target_load_experts(target_model & m, dspark_weights & w, int il, bool fused_gate_up);
 // The shared expert of layer il, when the file has one (width from its tensors).
 void dspark_target_load_shared_expert(target_model & m, dspark_weights & w, int il);
+// Gemma's scalars around the layers: token embeddings times sqrt(E), and final_logit_softcapping
+// (0 when absent) checked finite and non-negative.
+void dspark_target_load_gemma_scales(target_model & m, const dspark_gguf & f);
 
 // models/llama.cpp: the layers of llama and of the architectures that only add tensors to them.
 void dspark_load_llama_layers(target_model & m, dspark_weights & w, bool qkv_bias, bool qk_norm);

@@ -27,7 +27,8 @@ from ..plan import ModelPlan, PlannedTensor, ShiftedTensor, StoredTensor
 from ..quant import OutType, tensor_type
 from ..safetensors_io import FLOAT_DTYPES, Checkpoint, TensorRef
 from .base import TargetArch, TargetDims
-from .gemma4 import ACTIVATION, FULL, SLIDING, check_tied_head, text_config, write_gemma4_tokenizer_kv
+from .gemma4 import (ACTIVATION, FULL, SANDWICH_LAYER_NAMES, SLIDING, check_tied_head, text_config,
+                     write_gemma4_tokenizer_kv)
 
 GGUF_ARCH = "gemma3"
 CONDITIONAL = "Gemma3ForConditionalGeneration"
@@ -155,26 +156,9 @@ def write_gemma3_kv(g: Gemma3Text, kv: KeyValues) -> None:
         kv.f32(K.FINAL_LOGIT_SOFTCAPPING, g.final_softcap)
 
 
-# inside `layers.{i}.` -> inside `blk.{i}.`; the norms get Gemma's + 1
-_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
 def _table(g: Gemma3Text) -> dict[str, tuple[str, tuple[int, ...], bool]]:
-    """HF name (without the model prefix) -> (GGUF name, shape, required)."""
+    """HF name (without the model prefix) -> (GGUF name, shape, required): Gemma-4's sandwich-norm
+    layer names (gemma4.SANDWICH_LAYER_NAMES), the norms written with Gemma's + 1 (_planned)."""
     e, d, f = g.n_embd, g.head_dim, g.n_ff
     q, kv = g.n_head * d, g.n_head_kv * d
     shapes = {"input_layernorm.weight": (e,), "post_attention_layernorm.weight": (e,),
@@ -188,7 +172,7 @@ def _table(g: Gemma3Text) -> dict[str, tuple[str, tuple[int, ...], bool]]:
              "lm_head.weight": ("output.weight", (g.vocab_size, e), not g.tie_word_embeddings)}
     for i in range(g.n_layer):
         for part, shape in shapes.items():
-            table[f"layers.{i}.{part}"] = (f"blk.{i}.{_LAYER_NAMES[part]}", shape, True)
+            table[f"layers.{i}.{part}"] = (f"blk.{i}.{SANDWICH_LAYER_NAMES[part]}", shape, True)
     return table
 
 

@@ -315,8 +315,8 @@ def write_gemma4_kv(g: Gemma4Text, kv: KeyValues) -> None:
 # ([out, in] for linear weights, [experts, out, in] for experts).
 
 
-# inside `layers.{i}.` -> inside `blk.{i}.`
-_LAYER_NAMES = {
+# inside `layers.{i}.` -> inside `blk.{i}.`: the sandwich-norm layer Gemma-3 has too, then Gemma-4's own
+SANDWICH_LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
@@ -330,6 +330,9 @@ _LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+}
+_LAYER_NAMES = {
+    **SANDWICH_LAYER_NAMES,
     "layer_scalar": "layer_output_scale.weight",
     # per-layer inputs
     "per_layer_input_gate.weight": "inp_gate.weight",
