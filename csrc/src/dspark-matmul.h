@@ -10,9 +10,8 @@
 // products but adds the float partial sums in its own order, so results differ in the last bits,
 // which is enough to flip a greedy token now and then (within a hundred tokens on a K-quant model).
 //
-// Weights of the 32-value block types (q8_0, q4_0, q4_1, q5_0, q5_1) on a CPU with AVX-512 VNNI
-// (found at run time, dspark-cpu-isa.h; Intel Xeons from Ice Lake, AMD Zen 4) take none of ggml's
-// kernels:
+// Weights of the 32-value block types (q8_0, q4_0, q4_1, q5_0, q5_1) on an x86-64 CPU with AVX2 or
+// AVX-512 VNNI (found at run time, dspark-cpu-isa.h) take none of ggml's kernels:
 //   blocks  every batch, a decode step included, runs our kernel (dspark-matmul-blocks.h): exact
 //           integer block products and one float chain per (row, column) of our own, the same for
 //           any number of columns, so no probe is needed; the columns are quantized once per input
@@ -27,8 +26,12 @@
 //           on; not AMD Zen 4), batches of 12 columns and more take their integers from one tile
 //           instruction per block instead of 32 VNNI ones: the same exact integers and the same
 //           float chain, so the bits do not change (DSPARK_CPU_ISA=avx512_vnni keeps VNNI only). A
-//           decode step and batches of up to 5 keep VNNI, faster there. Without VNNI (AVX2 machines,
-//           DSPARK_CPU_ISA=avx2) they take the probed plans below (and are not packed). On two
+//           decode step and batches of up to 5 keep VNNI, faster there. Without VNNI (AMD Zen 1-3,
+//           Intel client cores; DSPARK_CPU_ISA=avx2 forces it) the kernel's AVX2 build takes the
+//           same integers from VPMADDUBSW / VPMADDWD, eight rows a vector, and runs the same chain,
+//           so its bits are the VNNI pass's: on two Zen 3 cores (SmolLM2-135M) a 9-row verify costs
+//           1.7-2.3 decode steps where ggml's kernels cost 3.5-6.1 (llama-bench 2.5-4.6).
+//           Without AVX2 (DSPARK_CPU_ISA=scalar) they take the probed plans below. On two
 //           Zen 4 cores a 9-row q8_0 verify runs the pass at ~200 GMAC/s, what the cores' VPDPBUSD
 //           gives (a loop of nothing else: 80-117 GMAC/s per core; folding the broadcasts and the
 //           offset into fewer instructions did not make it faster), so there the rest of the step
