@@ -324,19 +324,10 @@ void pack(const char * data, size_t stride, int64_t K, int64_t n_rows, char * ou
     }
 }
 
-template <class W> struct type_tag { using type = W; };
-
+// f(dspark_blocks_tag<W>{}) for the type's W.
 template <class F>
 void with_type(ggml_type type, F && f) {
-    switch (type) {
-        case GGML_TYPE_Q8_0: f(type_tag<w_q8_0>{}); break;
-        case GGML_TYPE_Q4_0: f(type_tag<w_q4_0>{}); break;
-        case GGML_TYPE_Q4_1: f(type_tag<w_q4_1>{}); break;
-        case GGML_TYPE_Q5_0: f(type_tag<w_q5_0>{}); break;
-        case GGML_TYPE_Q5_1: f(type_tag<w_q5_1>{}); break;
-        case GGML_TYPE_IQ4_NL: f(type_tag<w_iq4_nl>{}); break;
-        default: GGML_ABORT("no blocks kernel for %s", ggml_type_name(type));
-    }
+    dspark_blocks_with_type<w_q8_0, w_q4_0, w_q4_1, w_q5_0, w_q5_1, w_iq4_nl>(type, f);
 }
 
 }  // namespace
