@@ -26,8 +26,6 @@ BLOCKS_ISAS = ("avx2", "avx512_vnni", "amx_int8")  # the instruction sets that r
 OTHER_TYPES = ["f32", "f16", "bf16", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_nl", "iq4_xs"]
 FLOAT_TYPES = ["f32", "f16", "bf16"]
 COLUMNS = list(range(1, 18)) + [33]
-# iq4_nl takes the blocks kernel in its AVX2 build only, so far
-BLOCKS_TYPES_HERE = BLOCK_TYPES + (["iq4_nl"] if cpu_isa() == "avx2" else [])
 
 
 def routes_here(type_name: str) -> list[str]:
@@ -36,7 +34,7 @@ def routes_here(type_name: str) -> list[str]:
     routes = ["auto", "rows"]
     if type_name in FLOAT_TYPES and cpu_isa() != "scalar":
         routes.append("own")  # our float kernel on every batch (the runtime hands it up to 16 columns)
-    if type_name in BLOCKS_TYPES_HERE and cpu_isa() in BLOCKS_ISAS:
+    if type_name in BLOCK_TYPES and cpu_isa() in BLOCKS_ISAS:
         routes += ["blocks", "blocks_plain"]  # the packed layout (a model's weights) and the plain one
     return routes
 
@@ -59,7 +57,7 @@ def assert_every_column_as_alone(w, type_name, x, route, y):
         assert np.array_equal(alone[0].view(np.uint32), y[c].view(np.uint32)), f"{type_name} {route}: column {c} of {x.shape[0]}"
 
 
-@pytest.mark.parametrize("type_name", BLOCK_TYPES + ["iq4_nl"])
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
 @pytest.mark.parametrize("n_rows,n_per_row", [(1, 32), (15, 96), (17, 608), (50, 64), (33, 1536)])
 def test_block_types_against_numpy_and_alone(type_name: str, n_rows: int, n_per_row: int):
     for route in routes_here(type_name):
@@ -90,7 +88,7 @@ def test_every_type_every_column_count_is_the_column_alone(type_name: str):
 
 
 @pytest.mark.skipif(cpu_isa() not in BLOCKS_ISAS, reason="the blocks kernel needs AVX2")
-@pytest.mark.parametrize("type_name", BLOCKS_TYPES_HERE)
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
 def test_packed_weights_give_the_plain_layout_bits(type_name: str):
     """A model's block weights are packed at load (groups of 16 rows in the kernel's layout, a last
     group padded): every row count, every batch, the bits of the plain rows."""

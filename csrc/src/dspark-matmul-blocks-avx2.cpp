@@ -10,15 +10,13 @@
 //   nibble types: codes 0..31 times column codes of at most 127: a pair is at most 7,874, and four
 //                 pairs (a dword's share of four products) add to at most 31,496 in 16 bits;
 //   q8_0:         the weight's magnitude (0..128) times the column code with the weight's sign:
-//                 a pair is at most 32,512 and goes to 32 bits at once;
-//   iq4_nl:       its nibbles looked up in ggml's 16 values (-127..113), then as q8_0. This build
-//                 alone takes iq4_nl so far (the VNNI build's is left for a CPU that can run it).
+//                 a pair is at most 32,512 and goes to 32 bits at once.
 //
 // The packed layout: a group of 16 rows is two halves of 8, each one stream of its blocks, and each
 // block of a half the 8 rows' bytes rearranged (the same count) so that lane i holds row i:
 //     codes  q8_0: 8 vectors, dword j of lane i = codes 4j..4j+3 (signed)
-//            nibble types (and iq4_nl): 4 vectors, dword q of lane i = qs bytes 4q..4q+3 (values
-//            4q.. low, 16 + 4q.. high)
+//            nibble types: 4 vectors, dword q of lane i = qs bytes 4q..4q+3 (values 4q.. low,
+//            16 + 4q.. high)
 //     qh     (q5) lane i = the row's 32 fifth bits reordered: bit m of byte k = the bit of value
 //            4m + k, so that the bits of vector j's four values are one shift away from bit 4
 //     d, m   8 f16 each (m: q4_1, q5_1)
@@ -40,13 +38,11 @@ using column_block = dspark_blocks_column;
 constexpr int HALF = 8;         // rows in a vector's lanes
 constexpr int MAX_COLUMNS = 16; // columns per pass over a half's blocks (their sums stay in L1)
 
-// A block of 8 rows made ready: the codes (value + OFFSET, or the magnitudes of signed values), and
-// the scales.
+// A block of 8 rows made ready: the codes (value + OFFSET, or q8_0's magnitudes), and the scales.
 struct rows_block {
     __m256i w[8];
-    const char * signs;  // signed types (q8_0, iq4_nl): the values, vector j at signs + 32 j
+    const char * signs;  // q8_0: the signed codes, vector j at signs + 32 j
     __m256  d, m;
-    alignas(32) int8_t values[256];  // iq4_nl: its values, looked up from the codes
 };
 
 inline int32_t dword(const int8_t * p) {
@@ -76,8 +72,7 @@ inline __m256i fifth_bits(__m256i qh) {
     }
 }
 
-// Σ value·code per lane for signed weight values (|value| ≤ 128; w.w their magnitudes, w.signs the
-// values): |w| times the column code carrying w's sign, two products to 16 bits, then to 32 at once
+// Σ value·code per lane for q8_0's signed codes (w.w their magnitudes, w.signs the codes): |w| times the column code carrying w's sign, two products to 16 bits, then to 32 at once
 // (a pair may reach 32,512).
 inline __m256i signed_products(const rows_block & w, const column_block & x) {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -92,9 +87,6 @@ inline __m256i signed_products(const rows_block & w, const column_block & x) {
     }
     return _mm256_add_epi32(i0, i1);
 }
-
-// ggml's iq4_nl values (kvalues_iq4nl in ggml-common.h), code → value
-alignas(16) constexpr int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 struct w_q8_0 {
     static constexpr size_t BYTES = 34, CODE_BYTES = 256;
@@ -178,33 +170,6 @@ using w_q4_1 = w_nibbles<20, 4, 0, true>;    // d, m, qs[16]
 using w_q5_0 = w_nibbles<22, 6, 2, false>;   // d, qh[4], qs[16]
 using w_q5_1 = w_nibbles<24, 8, 4, true>;    // d, m, qh[4], qs[16]
 
-// iq4_nl: the nibbles index ggml's 16 values (-127..113), a vector's lanes as q4_0's; the values then
-// multiply as q8_0's do.
-struct w_iq4_nl {
-    static constexpr size_t BYTES = 18, CODE_BYTES = 128;  // d, qs[16]
-    static constexpr int32_t OFFSET = 0;
-    static constexpr bool HAS_MIN = false, HAS_QH = false;
-    static void pack_codes(const char * const row[HALF], size_t off, char * codes, char * qh) {
-        w_q4_0::pack_codes(row, off, codes, qh);
-    }
-    static void unpack_codes(const char * codes, const char *, rows_block & w) {
-        const __m128i table = _mm_loadu_si128((const __m128i *) IQ4_NL_VALUES);
-        const __m256i values = _mm256_broadcastsi128_si256(table), low4 = _mm256_set1_epi8(0x0F);
-        for (int q = 0; q < 4; ++q) {
-            const __m256i t = _mm256_loadu_si256((const __m256i *) (codes + 32 * q));
-            const __m256i lo = _mm256_shuffle_epi8(values, _mm256_and_si256(t, low4));
-            const __m256i hi = _mm256_shuffle_epi8(values, _mm256_and_si256(_mm256_srli_epi16(t, 4), low4));
-            _mm256_store_si256((__m256i *) (w.values + 32 * q), lo);
-            _mm256_store_si256((__m256i *) (w.values + 32 * (q + 4)), hi);
-            w.w[q] = _mm256_abs_epi8(lo);
-            w.w[q + 4] = _mm256_abs_epi8(hi);
-        }
-        w.signs = (const char *) w.values;
-    }
-    static __m256i products(const rows_block & w, const column_block & x) {
-        return signed_products(w, x);
-    }
-};
 
 // A half's block b, in the packed stream of its blocks: codes | fifth bits | d | m.
 template <class W>
@@ -327,7 +292,7 @@ void pack(const char * data, size_t stride, int64_t K, int64_t n_rows, char * ou
 // f(dspark_blocks_tag<W>{}) for the type's W.
 template <class F>
 void with_type(ggml_type type, F && f) {
-    dspark_blocks_with_type<w_q8_0, w_q4_0, w_q4_1, w_q5_0, w_q5_1, w_iq4_nl>(type, f);
+    dspark_blocks_with_type<w_q8_0, w_q4_0, w_q4_1, w_q5_0, w_q5_1>(type, f);
 }
 
 }  // namespace

@@ -501,7 +501,7 @@ void pack(const char * data, size_t stride, int64_t K, int64_t n_rows, char * ou
 // f(dspark_blocks_tag<W>{}) for the type's W.
 template <class F>
 void with_type(ggml_type type, F && f) {
-    dspark_blocks_with_type<w_q8_0, w_q4_0, w_q4_1, w_q5_0, w_q5_1, void>(type, f);
+    dspark_blocks_with_type<w_q8_0, w_q4_0, w_q4_1, w_q5_0, w_q5_1>(type, f);
 }
 
 }  // namespace

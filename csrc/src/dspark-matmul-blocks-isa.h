@@ -13,7 +13,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 // A prepared column block: ggml's q8_0 codes of 32 values and what the float steps need.
 struct dspark_blocks_column {
@@ -38,24 +37,17 @@ void dspark_blocks_avx2_pack(ggml_type type, const char * rows, size_t row_strid
 void dspark_blocks_avx2_rows_packed(ggml_type type, const void * packed, int64_t K, int64_t n_rows,
                                     const dspark_blocks_column * const * cols, float * const * y, int n_cols);
 
-// f(dspark_blocks_tag<W>{}) with W a build's struct for the weight type (void: none in that build).
+// f(dspark_blocks_tag<W>{}) with W a build's struct for the weight type.
 template <class W> struct dspark_blocks_tag { using type = W; };
 
-template <class Q8_0, class Q4_0, class Q4_1, class Q5_0, class Q5_1, class IQ4_NL, class F>
+template <class Q8_0, class Q4_0, class Q4_1, class Q5_0, class Q5_1, class F>
 void dspark_blocks_with_type(ggml_type type, F && f) {
     switch (type) {
-        case GGML_TYPE_Q8_0: f(dspark_blocks_tag<Q8_0>{}); return;
-        case GGML_TYPE_Q4_0: f(dspark_blocks_tag<Q4_0>{}); return;
-        case GGML_TYPE_Q4_1: f(dspark_blocks_tag<Q4_1>{}); return;
-        case GGML_TYPE_Q5_0: f(dspark_blocks_tag<Q5_0>{}); return;
-        case GGML_TYPE_Q5_1: f(dspark_blocks_tag<Q5_1>{}); return;
-        case GGML_TYPE_IQ4_NL:
-            if constexpr (!std::is_void_v<IQ4_NL>) {
-                f(dspark_blocks_tag<IQ4_NL>{});
-                return;
-            }
-            break;
-        default: break;
+        case GGML_TYPE_Q8_0: f(dspark_blocks_tag<Q8_0>{}); break;
+        case GGML_TYPE_Q4_0: f(dspark_blocks_tag<Q4_0>{}); break;
+        case GGML_TYPE_Q4_1: f(dspark_blocks_tag<Q4_1>{}); break;
+        case GGML_TYPE_Q5_0: f(dspark_blocks_tag<Q5_0>{}); break;
+        case GGML_TYPE_Q5_1: f(dspark_blocks_tag<Q5_1>{}); break;
+        default: GGML_ABORT("no blocks kernel for %s", ggml_type_name(type));
     }
-    GGML_ABORT("no blocks kernel for %s", ggml_type_name(type));
 }

@@ -1,6 +1,5 @@
 // Many columns at once through weights of ggml's 32-value block types (q8_0, q4_0, q4_1, q5_0,
-// q5_1; iq4_nl on AVX2) on x86-64 CPUs with AVX2 or AVX-512 VNNI: the kernel of the `blocks` route
-// (dspark-matmul.h).
+// q5_1) on x86-64 CPUs with AVX2 or AVX-512 VNNI: the kernel of the `blocks` route (dspark-matmul.h).
 //
 // The arithmetic is ours and the same for any number of columns. For each weight row, column and
 // block of 32 values it takes one exact integer, the codes' dot product with the column's q8_0
@@ -39,9 +38,7 @@ inline bool dspark_blocks_available(ggml_type type, int64_t K) {
 #ifdef DSPARK_BLOCKS_KERNELS
     const bool block_type = type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1 ||
                             type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1;
-    const dspark_isa isa = dspark_cpu_isa_in_use();
-    // iq4_nl in the AVX2 build only, so far
-    return (block_type || (type == GGML_TYPE_IQ4_NL && isa == dspark_isa::avx2)) && K % 32 == 0 && isa >= dspark_isa::avx2;
+    return block_type && K % 32 == 0 && dspark_cpu_isa_in_use() >= dspark_isa::avx2;
 #else
     (void) type; (void) K;
     return false;
