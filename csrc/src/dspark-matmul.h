@@ -33,8 +33,8 @@
 //           1.9-2.8 decode steps where ggml's kernels cost 3.5-6.1 (llama-bench 3.2-4.9), and a
 //           decode step is no slower (iq4_nl, tried on it, verified at 3.0 steps instead of 4.1 but
 //           decoded ~10 % slower than ggml's repacked gemv, so it keeps the plans below).
-//           Without AVX2 (DSPARK_CPU_ISA=scalar) they take the probed plans below. On two
-//           Zen 4 cores a 9-row q8_0 verify runs the pass at ~200 GMAC/s, what the cores' VPDPBUSD
+//           Without AVX2 (DSPARK_CPU_ISA=scalar) the block types take the probed plans below. On
+//           two Zen 4 cores a 9-row q8_0 verify runs the pass at ~200 GMAC/s, what the cores' VPDPBUSD
 //           gives (a loop of nothing else: 80-117 GMAC/s per core; folding the broadcasts and the
 //           offset into fewer instructions did not make it faster), so there the rest of the step
 //           (attention, ggml's small ops, barriers) is what is left to take. Still to come: the
